@@ -1,0 +1,165 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hpcvmm/hpcvmm/vmm/host/hosttest"
+	"github.com/hpcvmm/hpcvmm/vmm/preflight"
+)
+
+const checkFixture = "../../../shared/fixtures/gpu-host-sysfs"
+
+func needFixture(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat(checkFixture); err != nil {
+		t.Skipf("real-host capture not available at %s: %v", checkFixture, err)
+	}
+}
+
+func runCLI(f func([]string, *bytes.Buffer, *bytes.Buffer) int, args ...string) (int, string, string) {
+	var out, errb bytes.Buffer
+	rc := f(args, &out, &errb)
+	return rc, out.String(), errb.String()
+}
+
+func check(args []string, o, e *bytes.Buffer) int   { return runCheck(args, o, e) }
+func devices(args []string, o, e *bytes.Buffer) int { return runDevices(args, o, e) }
+
+// readyTree is a host where a GPU on vfio-pci can be passed through with
+// 1 GiB of 1G hugepages.
+func readyTree(t *testing.T) *hosttest.Tree {
+	tr := hosttest.New(t)
+	tr.Node(0, "0-3", 8<<30, hosttest.Pool{Size: 1 << 30, Total: 2, Free: 2})
+	tr.CPUInfo(46)
+	tr.Interrupts(true)
+	tr.KVM()
+	tr.AddDevice(hosttest.Device{BDF: "0000:00:04.0", Vendor: 0x1234, DeviceID: 0x11e8, Class: 0x00ff00, Driver: "vfio-pci", NUMANode: -1, IOMMUGroup: 3, ResetMethod: "bus",
+		Resource: hosttest.Resource(map[int]string{0: hosttest.ResourceLine(0xfe000000, 1<<20, false, false)})})
+	return tr
+}
+
+func TestCheckFixture(t *testing.T) {
+	needFixture(t)
+	rc, out, _ := runCLI(check, "--sysfs", checkFixture, "--procfs", "/nonexistent", "--gpu", "0000:00:06.0", "--memory", "16G")
+	assert.Equal(t, 1, rc, "the capture cannot run the VM")
+	assert.Regexp(t, `FAIL\s+iommu\s+host\s+no IOMMU groups`, out)
+	assert.Contains(t, out, "fix: enable VT-d in the firmware setup, add intel_iommu=on iommu=pt")
+	assert.Regexp(t, `FAIL\s+driver\s+0000:00:06.0\s+bound to nvidia`, out)
+	assert.Contains(t, out, "MSI-X at 0xb0: 9 vectors, table BAR0+0xb90000, PBA BAR0+0xba0000")
+	assert.Contains(t, out, "no NUMA information (numa_node -1)")
+	assert.Contains(t, out, "3 64-bit BARs (128.0G)")
+	assert.Contains(t, out, "fix: echo 16 > /sys/devices/system/node/node0/hugepages/hugepages-1048576kB/nr_hugepages")
+
+	rc, out, _ = runCLI(check, "--sysfs", checkFixture, "--procfs", "/nonexistent", "--gpu", "00:06.0", "--json")
+	assert.Equal(t, 1, rc)
+	var rep struct {
+		OK      bool               `json:"ok"`
+		Results []preflight.Result `json:"results"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	assert.False(t, rep.OK)
+	var sawIOMMU bool
+	for _, r := range rep.Results {
+		if r.Name == "iommu" {
+			sawIOMMU = true
+			assert.Equal(t, preflight.Fail, r.Status)
+			assert.NotEmpty(t, r.Fix)
+		}
+	}
+	assert.True(t, sawIOMMU)
+}
+
+func TestCheckPassesOnReadyHost(t *testing.T) {
+	tr := readyTree(t)
+	rc, out, errs := runCLI(check, "--sysfs", tr.Sys(), "--procfs", tr.Proc(), "--gpu", "00:04.0", "--memory", "1G", "--cpus", "2")
+	assert.Equal(t, 0, rc, out+errs)
+	assert.Contains(t, out, "0 failed: the VM can start")
+
+	// Hugepages short: exit 1 with the sysfs write that fixes it.
+	rc, out, _ = runCLI(check, "--sysfs", tr.Sys(), "--procfs", tr.Proc(), "--gpu", "00:04.0", "--memory", "4G")
+	assert.Equal(t, 1, rc)
+	assert.Contains(t, out, "fix: echo 4 > /sys/devices/system/node/node0/hugepages/hugepages-1048576kB/nr_hugepages")
+
+	// Device back on its host driver.
+	tr.Symlink("sys/bus/pci/devices/0000:00:04.0/driver", "../../../bus/pci/drivers/edu")
+	rc, out, _ = runCLI(check, "--sysfs", tr.Sys(), "--procfs", tr.Proc(), "--gpu", "00:04.0")
+	assert.Equal(t, 1, rc)
+	assert.Contains(t, out, "bound to edu")
+	assert.Contains(t, out, "echo vfio-pci > /sys/bus/pci/devices/0000:00:04.0/driver_override")
+
+	// Explicit node that does not exist.
+	rc, out, _ = runCLI(check, "--sysfs", tr.Sys(), "--procfs", tr.Proc(), "--numa-node", "3")
+	assert.Equal(t, 1, rc)
+	assert.Contains(t, out, "--numa-node 3: node is not online")
+}
+
+func TestCheckUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--memory", "lots"}, "--memory: size \"lots\""},
+		{[]string{"--hugepages", "16M"}, "--hugepages: page size \"16M\": want 1G, 2M or none"},
+		{[]string{"--numa-node", "x"}, "--numa-node \"x\": want a node number or auto"},
+		{[]string{"--cpus", "0"}, "--cpus 0: want 1 or more"},
+		{[]string{"--memory", "0"}, "--memory: must be more than 0"},
+		{[]string{"0000:00:04.0"}, "unexpected argument"},
+		{[]string{"--bogus"}, "flag provided but not defined: -bogus"},
+	} {
+		rc, _, errs := runCLI(check, tc.args...)
+		assert.Equal(t, 2, rc, tc.args)
+		assert.Contains(t, errs, tc.want, tc.args)
+	}
+	rc, _, errs := runCLI(check, "-h")
+	assert.Equal(t, 0, rc)
+	assert.Contains(t, errs, "--gpu BDF")
+	assert.NotContains(t, errs, "sysfs", "test-only flags stay hidden")
+}
+
+func TestDevicesFixture(t *testing.T) {
+	needFixture(t)
+	rc, out, errs := runCLI(devices, "--sysfs", checkFixture, "--procfs", "/nonexistent")
+	require.Equal(t, 0, rc, errs)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 3, out)
+	assert.Regexp(t, `^BDF\s+ID\s+CLASS\s+NODE\s+GROUP\s+DRIVER\s+RESET\s+VFS$`, lines[0])
+	assert.Regexp(t, `^0000:00:06.0\s+10de:2330\s+3D controller\s+-\s+-\s+nvidia\s+flr\s+-$`, lines[2])
+
+	rc, out, _ = runCLI(devices, "--sysfs", checkFixture, "--json")
+	require.Equal(t, 0, rc)
+	var rows []deviceRow
+	require.NoError(t, json.Unmarshal([]byte(out), &rows))
+	require.Len(t, rows, 2)
+	assert.Equal(t, deviceRow{BDF: "0000:00:06.0", Vendor: "10de", Device: "2330", Class: "0x030200", ClassName: "3D controller",
+		Driver: "nvidia", NUMANode: -1, IOMMUGroup: -1, ResetMethods: []string{"flr"}}, rows[1])
+}
+
+func TestDevicesSRIOV(t *testing.T) {
+	tr := hosttest.New(t)
+	tr.Node(0, "0-3", 1<<30)
+	tr.Node(1, "4-7", 1<<30)
+	tr.AddDevice(hosttest.Device{BDF: "0000:82:00.0", Vendor: 0x15b3, DeviceID: 0x101d, Class: 0x020700, Driver: "mlx5_core", NUMANode: 1, IOMMUGroup: 30, ResetMethod: "flr"})
+	tr.AddDevice(hosttest.Device{BDF: "0000:82:00.1", Vendor: 0x15b3, DeviceID: 0x101e, Class: 0x020700, Driver: "vfio-pci", NUMANode: 1, IOMMUGroup: 31, ResetMethod: "flr"})
+	tr.AddDevice(hosttest.Device{BDF: "0000:82:00.2", Vendor: 0x15b3, DeviceID: 0x101e, Class: 0x020700, NUMANode: 1, IOMMUGroup: 32})
+	tr.LinkVF("0000:82:00.0", "0000:82:00.1", 0)
+	tr.LinkVF("0000:82:00.0", "0000:82:00.2", 1)
+	rc, out, errs := runCLI(devices, "--sysfs", tr.Sys(), "--procfs", tr.Proc())
+	require.Equal(t, 0, rc, errs)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 4, out)
+	assert.Regexp(t, `^0000:82:00.0\s+15b3:101d\s+InfiniBand\s+1\s+30\s+mlx5_core\s+flr\s+2$`, lines[1])
+	assert.Regexp(t, `^  vf 0000:82:00.1\s+15b3:101e\s+InfiniBand\s+1\s+31\s+vfio-pci\s+flr\s*$`, lines[2])
+	assert.Regexp(t, `^  vf 0000:82:00.2\s+15b3:101e\s+InfiniBand\s+1\s+32\s+-\s+-\s*$`, lines[3])
+
+	empty := hosttest.New(t)
+	rc, out, _ = runCLI(devices, "--sysfs", empty.Sys(), "--procfs", empty.Proc())
+	assert.Equal(t, 0, rc)
+	assert.Contains(t, out, "no passthrough-capable devices")
+}

@@ -1,0 +1,188 @@
+package vmm
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/hpcvmm/hpcvmm/vmm/guestmem"
+)
+
+// NUMANodeAuto asks New to choose the NUMA node: the node of the first
+// passthrough device, else the node with the most free hugepages of the
+// chosen size.
+const NUMANodeAuto = -1
+
+// ConsoleKind selects which device carries the guest's interactive console.
+type ConsoleKind string
+
+// Console kinds. The 16550 UART always exists for early boot messages; the
+// kind decides which device hpcvmm's stdin is wired to.
+const (
+	ConsoleSerial ConsoleKind = "serial"
+	ConsoleNone   ConsoleKind = "none"
+)
+
+// Config describes one virtual machine. It is a plain struct: fill in the
+// fields, call Validate (New calls it too), then New.
+type Config struct {
+	// Kernel is the path of a bzImage (boot protocol 2.06 or later with a
+	// 64-bit entry point), e.g. Debian's /boot/vmlinuz-*.
+	Kernel string
+	// Initrd is the path of an initramfs; empty for none.
+	Initrd string
+	// Cmdline is the kernel command line.
+	Cmdline string
+	// CPUs is the number of vCPUs (1 to KVM's limit).
+	CPUs int
+	// Memory is the guest RAM size in bytes, a multiple of HugePages.
+	Memory uint64
+	// HugePages is the page size backing guest RAM: guestmem.Page1G (the
+	// default when zero), Page2M, or Page4K (development only).
+	HugePages guestmem.PageSize
+	// NUMANode is the host node guest RAM and vCPUs are bound to, or
+	// NUMANodeAuto. Use DefaultConfig to start from NUMANodeAuto.
+	NUMANode int
+	// CPUList is the exact set of host CPUs to pin vCPUs to (vCPU i runs on
+	// CPUList[i % len]). Empty means the CPUs of the chosen node.
+	CPUList []int
+	// AllowCrossNUMA permits a CPUList spanning several nodes.
+	AllowCrossNUMA bool
+	// Console selects the interactive console device.
+	Console ConsoleKind
+	// Stdin feeds the interactive console; nil means no input.
+	Stdin io.Reader
+	// Stdout receives the guest's console output; nil means os.Stdout.
+	Stdout io.Writer
+	// Progress receives human-readable progress (prefault) when an
+	// operation takes more than a second; nil for none.
+	Progress io.Writer
+	// Logger receives hpcvmm's own log; nil means slog.Default().
+	Logger *slog.Logger
+	// StartTime is when the process started, for the start-to-first-KVM_RUN
+	// figure in the log; zero means New's start.
+	StartTime time.Time
+	// SysfsRoot and ProcfsRoot let tests point host discovery at a captured
+	// tree; empty means /sys and /proc.
+	SysfsRoot, ProcfsRoot string
+}
+
+// DefaultConfig returns a Config with hpcvmm's defaults: 1 vCPU, 1 GiB of
+// RAM on 1 GiB hugepages, NUMA node chosen automatically, serial console.
+func DefaultConfig() Config {
+	return Config{
+		CPUs:      1,
+		Memory:    1 << 30,
+		HugePages: guestmem.Page1G,
+		NUMANode:  NUMANodeAuto,
+		Console:   ConsoleSerial,
+	}
+}
+
+// FieldError is a validation error that names the Config field (and so the
+// command-line flag) at fault.
+type FieldError struct {
+	Field string // Config field name, e.g. "Memory"
+	Err   error
+}
+
+func (e *FieldError) Error() string { return fmt.Sprintf("%s: %v", e.Field, e.Err) }
+func (e *FieldError) Unwrap() error { return e.Err }
+
+func fieldErr(field, format string, args ...any) error {
+	return &FieldError{Field: field, Err: fmt.Errorf(format, args...)}
+}
+
+// Validate checks everything that can be checked without touching KVM or
+// reserving memory. Each error names the field. Checks that need the host
+// (KVM's vCPU limit, NUMA nodes, free hugepages) happen in New, still before
+// any VM exists.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Kernel == "" {
+		errs = append(errs, fieldErr("Kernel", "no kernel given: pass --kernel with a bzImage such as /boot/vmlinuz-$(uname -r)"))
+	} else if err := checkReadableFile(c.Kernel); err != nil {
+		errs = append(errs, fieldErr("Kernel", "%v", err))
+	}
+	if c.Initrd != "" {
+		if err := checkReadableFile(c.Initrd); err != nil {
+			errs = append(errs, fieldErr("Initrd", "%v", err))
+		}
+	}
+	if c.CPUs < 1 {
+		errs = append(errs, fieldErr("CPUs", "%d vCPUs: need at least 1", c.CPUs))
+	}
+	if c.CPUs > maxVCPUs {
+		errs = append(errs, fieldErr("CPUs", "%d vCPUs: hpcvmm supports at most %d", c.CPUs, maxVCPUs))
+	}
+	page := c.pageSize()
+	switch page {
+	case guestmem.Page4K, guestmem.Page2M, guestmem.Page1G:
+	default:
+		errs = append(errs, fieldErr("HugePages", "page size %d is not one of 1G, 2M or none (4K)", uint64(page)))
+	}
+	switch {
+	case c.Memory == 0:
+		errs = append(errs, fieldErr("Memory", "no guest memory: pass --memory, e.g. 2G"))
+	case c.Memory < minMemory:
+		errs = append(errs, fieldErr("Memory", "%s is too small: a Linux guest needs at least %s", FormatSize(c.Memory), FormatSize(minMemory)))
+	case page != 0 && c.Memory%uint64(page) != 0:
+		errs = append(errs, fieldErr("Memory", "%s is not a multiple of the %s page size: use a multiple (e.g. %s) or another --hugepages", FormatSize(c.Memory), page, FormatSize((c.Memory/uint64(page)+1)*uint64(page))))
+	}
+	if c.NUMANode < NUMANodeAuto {
+		errs = append(errs, fieldErr("NUMANode", "node %d is not a node number", c.NUMANode))
+	}
+	seen := map[int]bool{}
+	for _, cpu := range c.CPUList {
+		if cpu < 0 {
+			errs = append(errs, fieldErr("CPUList", "CPU %d is not a CPU number", cpu))
+		}
+		if seen[cpu] {
+			errs = append(errs, fieldErr("CPUList", "CPU %d is listed twice", cpu))
+		}
+		seen[cpu] = true
+	}
+	switch c.Console {
+	case "", ConsoleSerial, ConsoleNone:
+	default:
+		errs = append(errs, fieldErr("Console", "unknown console %q: use serial or none", c.Console))
+	}
+	return errors.Join(errs...)
+}
+
+// pageSize returns the configured page size with the 1 GiB default applied.
+func (c *Config) pageSize() guestmem.PageSize {
+	if c.HugePages == 0 {
+		return guestmem.Page1G
+	}
+	return c.HugePages
+}
+
+func checkReadableFile(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("%s does not exist", path)
+		}
+		return err
+	}
+	if fi.IsDir() {
+		return fmt.Errorf("%s is a directory, not a file", path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// The largest vCPU count hpcvmm builds tables for; KVM's own limit is
+// checked in New. 255 keeps every APIC ID in xAPIC range (no x2APIC-only
+// IDs, so the MP table can describe every CPU).
+const maxVCPUs = 255
+
+// A Linux x86-64 guest with an initramfs does not get to userspace in less.
+const minMemory = 64 << 20

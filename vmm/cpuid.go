@@ -1,0 +1,170 @@
+package vmm
+
+import (
+	"math/bits"
+
+	"github.com/hpcvmm/hpcvmm/uapi"
+)
+
+// CPUID leaves and bits hpcvmm adjusts. Everything else is passed through
+// from KVM_GET_SUPPORTED_CPUID: the guest gets the host CPU's features as far
+// as KVM can virtualise them, which is what HPC codes tuned for the host's
+// vector units need.
+const (
+	leafFeatures       = 0x1
+	leafCacheParams    = 0x4
+	leafTopology       = 0xb
+	leafTopologyV2     = 0x1f
+	leafKVMSignature   = 0x40000000
+	leafKVMFeatures    = 0x40000001
+	leafExtFeatures    = 0x80000001
+	leafAddressSizes   = 0x80000008
+	leafAMDTopologyExt = 0x8000001e
+
+	featECXHypervisor = 1 << 31
+	featEDXHTT        = 1 << 28
+	extECXCmpLegacy   = 1 << 1
+
+	topoLevelSMT  = 1
+	topoLevelCore = 2
+
+	cpuidFlagSignificantIndex = 1
+)
+
+// kvmSignature is "KVMKVMKVM\0\0\0" as the three registers of leaf 0x40000000;
+// Linux looks for it to enable kvm-clock and the other paravirt features.
+var kvmSignature = [3]uint32{0x4b4d564b, 0x564b4d56, 0x0000004d}
+
+// guestCPUID returns the CPUID table for vCPU index of n: one package with n
+// cores, one thread each, APIC ID = index. The topology leaves (0x1, 0x4,
+// 0xB, 0x1F and AMD's 0x80000008/0x8000001E) all tell the same story, so
+// Linux's topology code, which cross-checks them, sees n CPUs in one
+// package. The host's physical address width (0x80000008 EAX) is passed
+// through unchanged: the 64-bit PCI window for large BARs is sized from it.
+func guestCPUID(supported []uapi.CPUIDEntry, index, n int) []uapi.CPUIDEntry {
+	coreShift := uint32(bits.Len(uint(n - 1))) // bits of APIC ID that number cores
+	apicID := uint32(index)
+	out := make([]uapi.CPUIDEntry, 0, len(supported)+6)
+	haveSignature := false
+	for _, e := range supported {
+		switch e.Function {
+		case leafFeatures:
+			e.EBX = e.EBX&0x0000ffff | apicID<<24 | uint32(min(n, 255))<<16
+			e.ECX |= featECXHypervisor
+			if n > 1 {
+				e.EDX |= featEDXHTT
+			} else {
+				e.EDX &^= featEDXHTT
+			}
+		case leafCacheParams:
+			if e.EAX&0x1f == 0 { // no cache at this subleaf
+				break
+			}
+			e.EAX = e.EAX&^(0x3f<<26) | (1<<coreShift-1)<<26
+			// Threads sharing this cache: the last level is shared by
+			// the whole package, lower levels belong to one core.
+			if (e.EAX>>5)&0x7 >= 3 {
+				e.EAX = e.EAX&^(0xfff<<14) | (1<<coreShift-1)<<14
+			} else {
+				e.EAX &^= 0xfff << 14
+			}
+		case leafTopology, leafTopologyV2:
+			continue // rebuilt below
+		case leafKVMSignature:
+			haveSignature = true
+			e.EBX, e.ECX, e.EDX = kvmSignature[0], kvmSignature[1], kvmSignature[2]
+			e.EAX = max(e.EAX, leafKVMFeatures)
+		case leafExtFeatures:
+			if n > 1 {
+				e.ECX |= extECXCmpLegacy
+			}
+		case leafAddressSizes:
+			e.ECX = e.ECX&^0xf0ff | coreShift<<12 | uint32(n-1)
+		case leafAMDTopologyExt:
+			e.EAX = apicID
+			e.EBX = e.EBX&^0xffff | uint32(index)&0xff // core id; one thread per core
+			e.ECX &^= 0xff                             // node 0
+		}
+		out = append(out, e)
+	}
+	maxBasic := uint32(0)
+	for _, e := range supported {
+		if e.Function == 0 {
+			maxBasic = e.EAX
+		}
+	}
+	for _, leaf := range []uint32{leafTopology, leafTopologyV2} {
+		if maxBasic < leaf || !hasLeaf(supported, leaf) {
+			continue
+		}
+		out = append(out,
+			uapi.CPUIDEntry{Function: leaf, Index: 0, Flags: cpuidFlagSignificantIndex,
+				EAX: 0, EBX: 1, ECX: topoLevelSMT << 8, EDX: apicID},
+			uapi.CPUIDEntry{Function: leaf, Index: 1, Flags: cpuidFlagSignificantIndex,
+				EAX: coreShift, EBX: uint32(n), ECX: 1 | topoLevelCore<<8, EDX: apicID},
+			uapi.CPUIDEntry{Function: leaf, Index: 2, Flags: cpuidFlagSignificantIndex,
+				EAX: 0, EBX: 0, ECX: 2, EDX: apicID},
+		)
+	}
+	if !haveSignature {
+		out = append(out,
+			uapi.CPUIDEntry{Function: leafKVMSignature, EAX: leafKVMFeatures,
+				EBX: kvmSignature[0], ECX: kvmSignature[1], EDX: kvmSignature[2]})
+	}
+	return out
+}
+
+func hasLeaf(entries []uapi.CPUIDEntry, leaf uint32) bool {
+	for _, e := range entries {
+		if e.Function == leaf {
+			return true
+		}
+	}
+	return false
+}
+
+// physAddrBits reads the host's physical address width from the supported
+// CPUID table (leaf 0x80000008 EAX[7:0]); 36 when the leaf is missing, the
+// architectural minimum.
+func physAddrBits(supported []uapi.CPUIDEntry) int {
+	for _, e := range supported {
+		if e.Function == leafAddressSizes {
+			if b := int(e.EAX & 0xff); b > 0 {
+				return b
+			}
+		}
+	}
+	return 36
+}
+
+// MSRs every vCPU starts with, the architectural reset values Linux
+// expects to find (the same set other direct-boot VMMs program): syscall
+// MSRs cleared, fast strings on, MTRRs enabled with write-back as the
+// default type so guest RAM is cacheable before Linux programs the MTRRs.
+const (
+	msrIA32SysenterCS  = 0x174
+	msrIA32SysenterESP = 0x175
+	msrIA32SysenterEIP = 0x176
+	msrIA32TSC         = 0x10
+	msrIA32MiscEnable  = 0x1a0
+	msrMTRRDefType     = 0x2ff
+	msrSTAR            = 0xc0000081
+	msrLSTAR           = 0xc0000082
+	msrCSTAR           = 0xc0000083
+	msrSyscallMask     = 0xc0000084
+	msrKernelGSBase    = 0xc0000102
+
+	miscEnableFastString = 1 << 0
+	mtrrEnable           = 1 << 11
+	mtrrTypeWriteBack    = 6
+)
+
+func bootMSRs() []uapi.MSREntry {
+	return []uapi.MSREntry{
+		{Index: msrIA32SysenterCS}, {Index: msrIA32SysenterESP}, {Index: msrIA32SysenterEIP},
+		{Index: msrSTAR}, {Index: msrCSTAR}, {Index: msrKernelGSBase}, {Index: msrSyscallMask}, {Index: msrLSTAR},
+		{Index: msrIA32TSC},
+		{Index: msrIA32MiscEnable, Data: miscEnableFastString},
+		{Index: msrMTRRDefType, Data: mtrrEnable | mtrrTypeWriteBack},
+	}
+}

@@ -1,0 +1,113 @@
+package vmm
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/hpcvmm/hpcvmm/vmm/guestmem"
+	"github.com/hpcvmm/hpcvmm/vmm/host"
+	"github.com/hpcvmm/hpcvmm/vmm/preflight"
+)
+
+// placement is where on the host the VM lives: one NUMA node for its RAM,
+// and one host CPU per vCPU.
+type placement struct {
+	node     int   // node guest RAM is bound to
+	vcpuCPUs []int // host CPU of vCPU i
+	nodeCPUs []int // CPUs of the node, for the prefault workers
+	why      string
+}
+
+// choosePlacement applies the NUMA rules: an explicit --numa-node wins;
+// otherwise a --cpu-list decides; otherwise the node of the first
+// passthrough device, else the node with the most free hugepages. A CPU
+// list spanning nodes is refused unless AllowCrossNUMA, because a vCPU on
+// a remote node pays the interconnect on every guest memory access.
+func choosePlacement(cfg *Config, h *host.Host) (placement, error) {
+	nodes, err := h.Nodes()
+	if err != nil {
+		return placement{}, fmt.Errorf("read host NUMA topology: %w", err)
+	}
+	nodeOf := map[int]int{}
+	for _, n := range nodes {
+		for _, c := range n.CPUs {
+			nodeOf[c] = n.ID
+		}
+	}
+	var p placement
+	if len(cfg.CPUList) > 0 {
+		spanned := map[int]bool{}
+		for _, c := range cfg.CPUList {
+			n, ok := nodeOf[c]
+			if !ok {
+				return p, fieldErr("CPUList", "host CPU %d is not online (online CPUs: %s)", c, host.FormatCPUList(sortedKeys(cpuSet(nodeOf))))
+			}
+			spanned[n] = true
+		}
+		if len(spanned) > 1 && !cfg.AllowCrossNUMA {
+			return p, fieldErr("CPUList", "CPUs %s span NUMA nodes %v: pick CPUs of one node, or pass --allow-cross-numa to accept remote memory accesses", host.FormatCPUList(cfg.CPUList), sortedKeys(spanned))
+		}
+	}
+	switch {
+	case cfg.NUMANode != NUMANodeAuto:
+		p.node = cfg.NUMANode
+		p.why = "requested"
+	case len(cfg.CPUList) > 0:
+		p.node = nodeOf[cfg.CPUList[0]]
+		p.why = "node of the first CPU in the CPU list"
+	default:
+		n, why, err := preflight.ChooseNode(h, preflight.Request{
+			Memory: cfg.Memory, PageSize: uint64(cfg.pageSize()), CPUs: cfg.CPUs, NUMANode: -1,
+		})
+		if err != nil {
+			return p, fieldErr("NUMANode", "%v", err)
+		}
+		p.node, p.why = n, why
+	}
+	node, err := h.Node(p.node)
+	if err != nil {
+		ids := make([]int, 0, len(nodes))
+		for _, n := range nodes {
+			ids = append(ids, n.ID)
+		}
+		return p, fieldErr("NUMANode", "node %d does not exist on this host (nodes: %v)", p.node, ids)
+	}
+	p.nodeCPUs = node.CPUs
+	cpus := cfg.CPUList
+	if len(cpus) == 0 {
+		cpus = node.CPUs
+	}
+	if len(cpus) == 0 {
+		return p, fieldErr("NUMANode", "node %d has no online CPUs to run vCPUs on: pick another --numa-node or give --cpu-list", p.node)
+	}
+	p.vcpuCPUs = make([]int, cfg.CPUs)
+	for i := range p.vcpuCPUs {
+		p.vcpuCPUs[i] = cpus[i%len(cpus)]
+	}
+	if page := cfg.pageSize(); page != guestmem.Page4K {
+		need := cfg.Memory / uint64(page)
+		pool, _ := node.Pool(uint64(page))
+		if pool.Free < need {
+			return p, fieldErr("Memory", "%s of guest RAM needs %d free %s hugepages on NUMA node %d, but %d are free (of %d reserved): raise the pool, e.g. echo %d > %s, or use --hugepages with another size",
+				FormatSize(cfg.Memory), need, page, p.node, pool.Free, pool.Total, pool.Total+need-pool.Free, host.NrHugepagesPath(p.node, uint64(page), node.PerNode))
+		}
+	}
+	return p, nil
+}
+
+func sortedKeys(m map[int]bool) []int {
+	out := make([]int, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func cpuSet(nodeOf map[int]int) map[int]bool {
+	out := make(map[int]bool, len(nodeOf))
+	for c := range nodeOf {
+		out[c] = true
+	}
+	return out
+}

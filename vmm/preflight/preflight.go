@@ -1,0 +1,732 @@
+package preflight
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"math/bits"
+	"sort"
+	"strings"
+
+	"github.com/hpcvmm/hpcvmm/vmm/host"
+)
+
+// Request describes the VM to check for.
+type Request struct {
+	// GPUs are whole functions to pass through (any class, e.g. QEMU's edu
+	// device in tests), as BDFs.
+	GPUs []string `json:"gpus"`
+	// VFs are SR-IOV virtual functions to pass through.
+	VFs []string `json:"vfs"`
+	// Memory is guest RAM in bytes; 0 skips the memory checks.
+	Memory uint64 `json:"memory"`
+	// PageSize backs guest RAM: Page1G, Page2M or Page4K (no hugepages).
+	// Zero means Page1G, hpcvmm's default.
+	PageSize uint64 `json:"page_size"`
+	// CPUs is the vCPU count; 0 skips the CPU check.
+	CPUs int `json:"cpus"`
+	// NUMANode is the node to run on, or -1 to choose (see ChooseNode).
+	NUMANode int `json:"numa_node"`
+	// KVMCheck, if set, is called when the KVM device exists, with its
+	// path, to check the capabilities hpcvmm needs. Opening /dev/kvm is the
+	// uapi package's job, so the CLI plugs the probe in here.
+	KVMCheck func(devPath string) []Result `json:"-"`
+}
+
+func (r Request) pageSize() uint64 {
+	if r.PageSize == 0 {
+		return Page1G
+	}
+	return r.PageSize
+}
+
+func (r Request) devices() int { return len(r.GPUs) + len(r.VFs) }
+
+// Guest physical layout (docs/architecture.md): RAM below the 32-bit PCI
+// hole at 3 GiB, the rest from 4 GiB; the 64-bit MMIO window starts at the
+// first 1 GiB boundary above RAM.
+const (
+	pciHoleStart = 3 << 30
+	fourGiB      = 4 << 30
+	// mmio32End is where 32-bit BARs must stop: the IOAPIC sits at
+	// 0xfec00000 and the LAPIC above it.
+	mmio32End = 0xfec00000
+)
+
+// GuestRAMEnd is the guest-physical end of RAM for memory bytes.
+func GuestRAMEnd(memory uint64) uint64 {
+	if memory <= pciHoleStart {
+		return memory
+	}
+	return fourGiB + (memory - pciHoleStart)
+}
+
+// MMIO64Start is the start of the guest's 64-bit MMIO window: the first
+// 1 GiB-aligned address at or above both the end of RAM and 4 GiB.
+func MMIO64Start(memory uint64) uint64 {
+	return max(fourGiB, alignUp(GuestRAMEnd(memory), 1<<30))
+}
+
+func alignUp(v, a uint64) uint64 {
+	if v > math.MaxUint64-(a-1) {
+		return math.MaxUint64
+	}
+	return (v + a - 1) &^ (a - 1)
+}
+
+// PlaceBARs assigns guest addresses to BARs of the given sizes in a window
+// starting at start: each BAR naturally aligned (sizes are rounded up to a
+// power of two, as BAR sizing dictates), largest first, each at the lowest
+// free aligned address, so small BARs fill the alignment gap below a large
+// one. It returns the addresses in input order and the end of the highest
+// BAR. Addresses saturate at MaxUint64 instead of wrapping. The guest PCI
+// code should use the same rule so preflight's verdict matches what the VM
+// does.
+func PlaceBARs(start uint64, sizes []uint64) (addrs []uint64, end uint64) {
+	type iv struct{ lo, hi uint64 } // [lo, hi)
+	order := make([]int, len(sizes))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return sizes[order[a]] > sizes[order[b]] })
+	addrs = make([]uint64, len(sizes))
+	var used []iv // sorted by lo
+	end = start
+	for _, i := range order {
+		sz := sizes[i]
+		if sz == 0 {
+			addrs[i] = start
+			continue
+		}
+		if sz&(sz-1) != 0 {
+			if bits.Len64(sz) >= 64 {
+				addrs[i], end = math.MaxUint64, math.MaxUint64
+				continue
+			}
+			sz = 1 << bits.Len64(sz)
+		}
+		at := alignUp(start, sz)
+		pos := len(used)
+		for j, u := range used {
+			if at <= math.MaxUint64-sz && at+sz <= u.lo {
+				pos = j
+				break
+			}
+			if u.hi > at {
+				at = alignUp(u.hi, sz)
+			}
+		}
+		if at > math.MaxUint64-sz {
+			addrs[i], end = math.MaxUint64, math.MaxUint64
+			continue
+		}
+		addrs[i] = at
+		used = append(used, iv{})
+		copy(used[pos+1:], used[pos:])
+		used[pos] = iv{at, at + sz}
+		end = max(end, at+sz)
+	}
+	return addrs, end
+}
+
+func placeBARs(start uint64, sizes []uint64) uint64 {
+	_, end := PlaceBARs(start, sizes)
+	return end
+}
+
+// ChooseNode picks the NUMA node for the VM: the requested node if
+// req.NUMANode >= 0 (an error if it is not online); else the node of the
+// first device (GPUs, then VFs) that reports one; else the node with the
+// most free hugepages of the requested size (most free memory for 4K
+// pages), lowest ID on a tie. It returns the node and why it was chosen.
+func ChooseNode(h *host.Host, req Request) (int, string, error) {
+	nodes, err := h.Nodes()
+	if err != nil {
+		return -1, "", fmt.Errorf("preflight: choose NUMA node: %w", err)
+	}
+	if len(nodes) == 0 {
+		return -1, "", errors.New("preflight: choose NUMA node: the host reports no online NUMA nodes")
+	}
+	online := map[int]bool{}
+	ids := make([]int, len(nodes))
+	for i, n := range nodes {
+		online[n.ID] = true
+		ids[i] = n.ID
+	}
+	if req.NUMANode >= 0 {
+		if !online[req.NUMANode] {
+			return -1, "", fmt.Errorf("--numa-node %d: node is not online; pick one of %s", req.NUMANode, host.FormatCPUList(ids))
+		}
+		return req.NUMANode, "requested with --numa-node", nil
+	}
+	for _, s := range append(append([]string(nil), req.GPUs...), req.VFs...) {
+		b, err := host.ParseBDF(s)
+		if err != nil {
+			continue
+		}
+		d, err := h.Device(b)
+		if err != nil || d.NUMANode < 0 || !online[d.NUMANode] {
+			continue
+		}
+		return d.NUMANode, "node of " + b.String(), nil
+	}
+	if len(nodes) == 1 {
+		return nodes[0].ID, "the only node", nil
+	}
+	ps := req.pageSize()
+	best, bestFree := nodes[0].ID, uint64(0)
+	for i, n := range nodes {
+		var free uint64
+		if ps == Page4K {
+			free = n.MemFree
+		} else if p, ok := n.Pool(ps); ok {
+			free = p.Free
+		}
+		if i == 0 || free > bestFree {
+			best, bestFree = n.ID, free
+		}
+	}
+	if ps == Page4K {
+		return best, fmt.Sprintf("most free memory (%s)", FormatSize(bestFree)), nil
+	}
+	return best, fmt.Sprintf("most free %s hugepages (%d)", FormatSize(ps), bestFree), nil
+}
+
+// Run performs every check for req against h. It never stops early: the
+// admin gets every problem and its fix in one pass.
+func Run(h *host.Host, req Request) Report {
+	c := &checker{h: h, req: req, rep: Report{Node: -1}}
+	c.request()
+	c.kvm()
+	c.iommu()
+	c.devicesChecks()
+	c.barSpace()
+	c.node()
+	c.memlock()
+	c.placement()
+	return c.rep
+}
+
+type checker struct {
+	h   *host.Host
+	req Request
+	rep Report
+	// devs are the requested devices that exist, in request order.
+	devs   []reqDev
+	chosen *host.Node
+}
+
+type reqDev struct {
+	d    *host.Device
+	isVF bool
+}
+
+func (c *checker) add(name, subject string, st Status, fix, format string, args ...any) {
+	c.rep.Results = append(c.rep.Results, Result{Name: name, Subject: subject, Status: st, Detail: fmt.Sprintf(format, args...), Fix: fix})
+}
+
+func (c *checker) request() {
+	switch c.req.pageSize() {
+	case Page1G, Page2M, Page4K:
+	default:
+		c.add("request", "vm", Fail, "use --hugepages 1G, 2M or none", "page size %d is not 1G, 2M or 4K", c.req.PageSize)
+	}
+	if ps := c.req.pageSize(); c.req.Memory%ps != 0 && (ps == Page1G || ps == Page2M) {
+		c.add("request", "vm", Fail, fmt.Sprintf("use --memory %s", FormatSize(alignUp(c.req.Memory, ps))),
+			"memory %s is not a multiple of the %s page size", FormatSize(c.req.Memory), FormatSize(ps))
+	}
+	if c.req.CPUs < 0 {
+		c.add("request", "vm", Fail, "use --cpus 1 or more", "cpus %d is negative", c.req.CPUs)
+	}
+}
+
+func (c *checker) kvm() {
+	p := c.h.Layout.KVM
+	if !c.h.KVMPresent() {
+		mod := "kvm_intel (Intel) or kvm_amd (AMD)"
+		switch c.h.CPUVendor() {
+		case "GenuineIntel":
+			mod = "kvm_intel"
+		case "AuthenticAMD":
+			mod = "kvm_amd"
+		}
+		c.add("kvm", "host", Fail, fmt.Sprintf("modprobe %s (and enable virtualization, VT-x/AMD-V, in the firmware setup)", mod),
+			"%s does not exist: KVM is not available", p)
+		return
+	}
+	c.add("kvm", "host", Pass, "", "%s present", p)
+	if c.req.KVMCheck != nil {
+		c.rep.Results = append(c.rep.Results, c.req.KVMCheck(p)...)
+	}
+}
+
+// iommuFix is the kernel command line change that turns the IOMMU on.
+func (c *checker) iommuFix() string {
+	arg := "intel_iommu=on iommu=pt (Intel) or amd_iommu=on iommu=pt (AMD)"
+	fw := "VT-d/AMD-Vi"
+	switch c.h.CPUVendor() {
+	case "GenuineIntel":
+		arg, fw = "intel_iommu=on iommu=pt", "VT-d"
+	case "AuthenticAMD":
+		arg, fw = "amd_iommu=on iommu=pt", "AMD-Vi (IOMMU)"
+	}
+	return fmt.Sprintf("enable %s in the firmware setup, add %s to GRUB_CMDLINE_LINUX in /etc/default/grub, run update-grub and reboot", fw, arg)
+}
+
+func (c *checker) iommu() {
+	// Without passthrough devices a missing IOMMU does not stop the VM, so
+	// it is only a warning.
+	sev := Fail
+	if c.req.devices() == 0 {
+		sev = Warn
+	}
+	n, err := c.h.IOMMUGroups()
+	switch {
+	case err != nil:
+		c.add("iommu", "host", sev, "", "cannot read IOMMU groups: %v", err)
+	case n == 0:
+		c.add("iommu", "host", sev, c.iommuFix(), "no IOMMU groups: the kernel is not using an IOMMU, so VFIO cannot pass devices through")
+	default:
+		c.add("iommu", "host", Pass, "", "IOMMU enabled (%d groups)", n)
+	}
+
+	ir, why, err := c.h.InterruptRemapping()
+	const unsafe = "/sys/module/vfio_iommu_type1/parameters/allow_unsafe_interrupts"
+	switch {
+	case err != nil:
+		c.add("irq-remap", "host", Warn, "", "cannot determine interrupt remapping: %v", err)
+	case ir == host.IREnabled:
+		c.add("irq-remap", "host", Pass, "", "interrupt remapping enabled: %s", why)
+	case ir == host.IRDisabled && c.h.UnsafeInterruptsAllowed():
+		c.add("irq-remap", "host", Warn, "enable interrupt remapping (x2APIC and VT-d/AMD-Vi IR in firmware, no intremap=off) and echo 0 > "+unsafe,
+			"interrupt remapping disabled: %s; VFIO allows passthrough only because allow_unsafe_interrupts=Y, so a device can forge interrupts", why)
+	case ir == host.IRDisabled:
+		c.add("irq-remap", "host", sev, "enable interrupt remapping (x2APIC and VT-d/AMD-Vi IR in firmware, no intremap=off on the kernel command line), or, accepting that a device can forge interrupts: echo 1 > "+unsafe,
+			"interrupt remapping disabled: %s; VFIO refuses to attach devices", why)
+	default:
+		c.add("irq-remap", "host", Warn, "dmesg | grep -i -e 'remapping' -e DMAR-IR -e AMD-Vi",
+			"interrupt remapping unknown: %s", why)
+	}
+}
+
+// BindFix returns the commands that hand device b, currently bound to
+// driver ("" for none), to vfio-pci via driver_override.
+func BindFix(b host.BDF, driver string) string {
+	p := "/sys/bus/pci/devices/" + b.String()
+	parts := []string{"modprobe vfio-pci", "echo vfio-pci > " + p + "/driver_override"}
+	if driver != "" {
+		parts = append(parts, fmt.Sprintf("echo %s > %s/driver/unbind", b, p))
+	}
+	parts = append(parts, fmt.Sprintf("echo %s > /sys/bus/pci/drivers_probe", b))
+	return strings.Join(parts, " && ")
+}
+
+// groupSafeDriver reports whether a device bound to driver may share an
+// IOMMU group with a VFIO device: VFIO drivers, no driver, or the drivers
+// the kernel marks driver_managed_dma (pci-stub, pcieport for bridges).
+func groupSafeDriver(driver string) bool {
+	return driver == "" || host.IsVFIODriver(driver) || driver == "pci-stub" || driver == "pcieport"
+}
+
+func (c *checker) devicesChecks() {
+	seen := map[host.BDF]bool{}
+	check := func(s string, isVF bool) {
+		flag := "--gpu"
+		if isVF {
+			flag = "--vf"
+		}
+		b, err := host.ParseBDF(s)
+		if err != nil {
+			c.add("device", s, Fail, "hpcvmm devices (lists the host's passthrough-capable devices)", "%s %v", flag, err)
+			return
+		}
+		subj := b.String()
+		if seen[b] {
+			c.add("device", subj, Fail, "pass each device once", "%s %s is given more than once", flag, subj)
+			return
+		}
+		seen[b] = true
+		d, err := c.h.Device(b)
+		if errors.Is(err, fs.ErrNotExist) {
+			c.add("device", subj, Fail, "hpcvmm devices (or lspci -D) to find the right address", "no PCI device %s on this host", subj)
+			return
+		}
+		if err != nil {
+			c.add("device", subj, Fail, "", "cannot read device: %v", err)
+			return
+		}
+		c.devs = append(c.devs, reqDev{d: d, isVF: isVF})
+		c.device(d, isVF)
+	}
+	for _, s := range c.req.GPUs {
+		check(s, false)
+	}
+	for _, s := range c.req.VFs {
+		check(s, true)
+	}
+}
+
+func (c *checker) device(d *host.Device, isVF bool) {
+	subj := d.BDF.String()
+	ids := fmt.Sprintf("%04x:%04x %s (class %#06x)", d.Vendor, d.DeviceID, d.ClassName(), d.Class)
+	if d.BaseClass() == host.ClassBridge {
+		c.add("device", subj, Fail, "pass the endpoint behind the bridge instead (hpcvmm devices)", "%s: a bridge cannot be passed through", ids)
+	} else {
+		c.add("device", subj, Pass, "", "%s", ids)
+	}
+
+	switch {
+	case host.IsVFIODriver(d.Driver):
+		c.add("driver", subj, Pass, "", "bound to %s", d.Driver)
+	case d.Driver == "":
+		c.add("driver", subj, Fail, BindFix(d.BDF, ""), "no driver bound; VFIO needs vfio-pci")
+	default:
+		c.add("driver", subj, Fail, BindFix(d.BDF, d.Driver), "bound to %s (in use by the host); VFIO needs vfio-pci", d.Driver)
+	}
+
+	c.group(d)
+
+	if d.NUMANode < 0 {
+		c.add("numa", subj, Pass, "", "no NUMA information (numa_node -1)")
+	} else {
+		c.add("numa", subj, Pass, "", "on node %d", d.NUMANode)
+	}
+
+	switch {
+	case len(d.ResetMethods) > 0:
+		c.add("reset", subj, Pass, "", "reset methods: %s", strings.Join(d.ResetMethods, ", "))
+	case d.ResetKnown:
+		c.add("reset", subj, Warn, "none in software: prefer a device or slot that supports FLR or a bus reset",
+			"no reset method: state may leak between VMs")
+	default:
+		c.add("reset", subj, Warn, "cat /sys/bus/pci/devices/"+subj+"/reset_method (Linux 5.15+ lists the methods; no file means no reset)",
+			"no reset method reported: state may leak between VMs, or the kernel predates reset_method")
+	}
+
+	c.interrupts(d)
+
+	if isVF {
+		c.vf(d)
+	}
+}
+
+func (c *checker) group(d *host.Device) {
+	subj := d.BDF.String()
+	if d.IOMMUGroup < 0 {
+		c.add("iommu-group", subj, Fail, c.iommuFix(), "not in an IOMMU group: the IOMMU is off or does not cover this device")
+		return
+	}
+	members, err := c.h.IOMMUGroupMembers(d.IOMMUGroup)
+	if err != nil {
+		c.add("iommu-group", subj, Fail, "", "group %d: %v", d.IOMMUGroup, err)
+		return
+	}
+	var others, offenders, fixes []string
+	for _, m := range members {
+		if m == d.BDF {
+			continue
+		}
+		md, err := c.h.Device(m)
+		if err != nil {
+			offenders = append(offenders, fmt.Sprintf("%s (unreadable: %v)", m, err))
+			continue
+		}
+		drv := md.Driver
+		if drv == "" {
+			drv = "no driver"
+		}
+		others = append(others, fmt.Sprintf("%s (%s)", m, drv))
+		if !groupSafeDriver(md.Driver) {
+			offenders = append(offenders, fmt.Sprintf("%s (%s)", m, md.Driver))
+			fixes = append(fixes, BindFix(m, md.Driver))
+		}
+	}
+	switch {
+	case len(offenders) > 0:
+		c.add("iommu-group", subj, Fail, strings.Join(fixes, " && "),
+			"group %d is not viable: %s must be bound to vfio-pci or unbound (a group is assigned as a whole)", d.IOMMUGroup, strings.Join(offenders, ", "))
+	case len(others) > 0:
+		c.add("iommu-group", subj, Pass, "", "group %d, shared with %s", d.IOMMUGroup, strings.Join(others, ", "))
+	default:
+		c.add("iommu-group", subj, Pass, "", "group %d, alone", d.IOMMUGroup)
+	}
+}
+
+func barByIndex(d *host.Device, i int) (host.BAR, bool) {
+	for _, b := range d.BARs {
+		if b.Index == i {
+			return b, true
+		}
+	}
+	return host.BAR{}, false
+}
+
+func (c *checker) interrupts(d *host.Device) {
+	subj := d.BDF.String()
+	cfg := d.Config
+	switch {
+	case cfg.Length < 0x40:
+		c.add("interrupts", subj, Warn, "run hpcvmm check as root (config space beyond 64 bytes is root-only)", "configuration space not readable (%d bytes)", cfg.Length)
+	case cfg.MSIX != nil:
+		m := cfg.MSIX
+		bar, ok := barByIndex(d, int(m.TableBIR))
+		pbar, pok := barByIndex(d, int(m.PBABIR))
+		switch {
+		case !ok || bar.IO || !pok || pbar.IO:
+			c.add("interrupts", subj, Fail, "", "MSI-X table in BAR%d / PBA in BAR%d, which is not a populated memory BAR", m.TableBIR, m.PBABIR)
+		case uint64(m.TableOffset)+m.TableBytes() > bar.Size || uint64(m.PBAOffset)+m.PBABytes() > pbar.Size:
+			c.add("interrupts", subj, Fail, "", "MSI-X table (BAR%d+%#x, %d vectors) or PBA (BAR%d+%#x) lies outside its BAR", m.TableBIR, m.TableOffset, m.TableSize, m.PBABIR, m.PBAOffset)
+		default:
+			c.add("interrupts", subj, Pass, "", "MSI-X at %#x: %d vectors, table BAR%d+%#x, PBA BAR%d+%#x", m.Offset, m.TableSize, m.TableBIR, m.TableOffset, m.PBABIR, m.PBAOffset)
+		}
+	case cfg.MSI != nil:
+		c.add("interrupts", subj, Pass, "", "MSI at %#x: %d vectors (no MSI-X)", cfg.MSI.Offset, cfg.MSI.Vectors)
+	default:
+		c.add("interrupts", subj, Warn, "none: prefer a device with MSI or MSI-X", "no MSI or MSI-X capability: legacy INTx only (slower, shared line)")
+	}
+	if len(cfg.Problems) > 0 {
+		c.add("config-space", subj, Warn, "", "malformed capability list: %s", strings.Join(cfg.Problems, "; "))
+	}
+}
+
+func (c *checker) vf(d *host.Device) {
+	subj := d.BDF.String()
+	if d.PhysFn == nil {
+		c.add("sr-iov", subj, Fail, "pass a whole function with --gpu, or create VFs on the PF: echo N > /sys/bus/pci/devices/<PF>/sriov_numvfs",
+			"not an SR-IOV virtual function (no physfn link)")
+		return
+	}
+	pf, err := c.h.Device(*d.PhysFn)
+	if err != nil {
+		c.add("sr-iov", subj, Fail, "", "VF of %s, which cannot be read: %v", d.PhysFn, err)
+		return
+	}
+	if pf.Driver == "" {
+		c.add("sr-iov", subj, Warn, fmt.Sprintf("echo %s > /sys/bus/pci/drivers_probe", pf.BDF),
+			"VF of PF %s, which has no driver: the PF driver usually manages the VFs (link, MAC, firmware)", pf.BDF)
+		return
+	}
+	c.add("sr-iov", subj, Pass, "", "VF of PF %s (driver %s, %d VFs enabled)", pf.BDF, pf.Driver, pf.NumVFs)
+}
+
+// barSpace checks that every requested device's BARs fit the guest's MMIO
+// windows: 32-bit memory BARs in [3 GiB, 0xfec00000), 64-bit ones in the
+// window from the end of RAM (1 GiB aligned) up to 2^physbits, each
+// naturally aligned. I/O BARs and SR-IOV VF BARs (lines 7-12, which belong
+// to the VFs, not the PF's guest) are not placed.
+func (c *checker) barSpace() {
+	if len(c.devs) == 0 {
+		return
+	}
+	var b64, b32 []uint64
+	var total64 uint64
+	for _, rd := range c.devs {
+		for _, b := range rd.d.BARs {
+			if b.IO || b.Index >= host.ROMIndex {
+				continue
+			}
+			if b.Mem64 {
+				b64 = append(b64, b.Size)
+				total64 += b.Size
+			} else {
+				b32 = append(b32, b.Size)
+			}
+		}
+	}
+	if len(b32) > 0 {
+		end := placeBARs(pciHoleStart, b32)
+		if end > mmio32End {
+			c.add("bar-space-32bit", "vm", Fail, "pass fewer devices with 32-bit BARs",
+				"%d 32-bit BARs need %s of the 32-bit PCI hole, which has %s", len(b32), humanSize(end-pciHoleStart), humanSize(mmio32End-pciHoleStart))
+		} else {
+			c.add("bar-space-32bit", "vm", Pass, "", "%d 32-bit BARs fit in [%#x, %#x)", len(b32), uint64(pciHoleStart), end)
+		}
+	}
+	physBits, err := c.h.PhysAddrBits()
+	if err != nil {
+		c.add("bar-space", "vm", Warn, "", "cannot check 64-bit BARs against the address width: %v", err)
+		return
+	}
+	if len(b64) == 0 {
+		c.add("bar-space", "vm", Pass, "", "no 64-bit BARs")
+		return
+	}
+	limit := uint64(1) << physBits
+	if physBits >= 64 {
+		limit = math.MaxUint64
+	}
+	start := MMIO64Start(c.req.Memory)
+	end := placeBARs(start, b64)
+	need := bits.Len64(end - 1)
+	if end <= limit {
+		c.add("bar-space", "vm", Pass, "", "%d 64-bit BARs (%s) fit in [%#x, %#x): need %d of the host's %d physical address bits",
+			len(b64), humanSize(total64), start, end, need, physBits)
+		return
+	}
+	fix := "pass fewer devices: these BARs do not fit below 2^" + fmt.Sprint(physBits) + " even with no RAM above 4 GiB"
+	if maxMem, ok := maxMemoryFitting(b64, limit); ok {
+		fix = fmt.Sprintf("use --memory %s or less, or pass fewer devices (the CPU's %d-bit physical address width is fixed)", FormatSize(maxMem), physBits)
+	}
+	c.add("bar-space", "vm", Fail, fix, "%d 64-bit BARs (%s) from %#x end at %#x: the guest needs %d physical address bits, the host has %d",
+		len(b64), humanSize(total64), start, end, need, physBits)
+}
+
+// maxMemoryFitting returns the largest whole-GiB guest memory for which the
+// 64-bit BARs still fit below limit.
+func maxMemoryFitting(sizes []uint64, limit uint64) (uint64, bool) {
+	fits := func(gib uint64) bool { return placeBARs(MMIO64Start(gib<<30), sizes) <= limit }
+	if !fits(0) {
+		return 0, false
+	}
+	lo, hi := uint64(0), limit>>30 // fits(lo) holds; find the last fitting GiB count
+	for lo < hi {
+		mid := lo + (hi-lo+1)/2
+		if fits(mid) {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return lo << 30, true
+}
+
+func (c *checker) node() {
+	id, why, err := ChooseNode(c.h, c.req)
+	if err != nil {
+		c.add("numa-node", "vm", Fail, "", "%v", err)
+		return
+	}
+	n, err := c.h.Node(id)
+	if err != nil {
+		c.add("numa-node", "vm", Fail, "", "%v", err)
+		return
+	}
+	c.chosen, c.rep.Node, c.rep.NodeReason = &n, id, why
+	subj := fmt.Sprintf("node %d", id)
+	c.add("numa-node", subj, Pass, "", "chosen: %s; CPUs %s", why, host.FormatCPUList(n.CPUs))
+
+	if c.req.CPUs > 0 {
+		if len(n.CPUs) >= c.req.CPUs {
+			c.add("cpus", subj, Pass, "", "%d CPUs for %d vCPUs", len(n.CPUs), c.req.CPUs)
+		} else {
+			fix := fmt.Sprintf("use --cpus %d", len(n.CPUs))
+			if alt := c.nodeWithCPUs(c.req.CPUs); alt >= 0 {
+				fix += fmt.Sprintf(" or --numa-node %d", alt)
+			}
+			c.add("cpus", subj, Warn, fix, "%d CPUs for %d vCPUs: vCPUs will share host CPUs", len(n.CPUs), c.req.CPUs)
+		}
+	}
+	if c.req.Memory > 0 {
+		c.memory(n)
+	}
+}
+
+func (c *checker) nodeWithCPUs(want int) int {
+	nodes, err := c.h.Nodes()
+	if err != nil {
+		return -1
+	}
+	for _, n := range nodes {
+		if len(n.CPUs) >= want {
+			return n.ID
+		}
+	}
+	return -1
+}
+
+func (c *checker) memory(n host.Node) {
+	subj := fmt.Sprintf("node %d", n.ID)
+	ps := c.req.pageSize()
+	if ps == Page4K {
+		switch {
+		case n.MemFree == 0:
+			c.add("memory", subj, Pass, "", "free memory unknown; no hugepages requested")
+		case n.MemFree >= c.req.Memory:
+			c.add("memory", subj, Pass, "", "%s free for %s (4K pages)", FormatSize(n.MemFree), FormatSize(c.req.Memory))
+		default:
+			c.add("memory", subj, Warn, "use hugepages (--hugepages 1G) reserved on this node, or free memory", "%s free for %s: guest RAM will spill to other nodes or swap", FormatSize(n.MemFree), FormatSize(c.req.Memory))
+		}
+		return
+	}
+	need := (c.req.Memory + ps - 1) / ps
+	p, ok := n.Pool(ps)
+	path := host.NrHugepagesPath(n.ID, ps, n.PerNode)
+	if !ok {
+		fix := fmt.Sprintf("add hugepagesz=%s hugepages=%d to the kernel command line and reboot, or use --hugepages 2M", FormatSize(ps), need)
+		if ps == Page2M {
+			fix = fmt.Sprintf("add hugepagesz=2M hugepages=%d to the kernel command line and reboot, or use --hugepages none", need)
+		}
+		c.add("hugepages", subj, Fail, fix, "the kernel has no %s hugepage pool", FormatSize(ps))
+		return
+	}
+	if p.Free >= need {
+		c.add("hugepages", subj, Pass, "", "%d of %d free %s hugepages, VM needs %d", p.Free, p.Total, FormatSize(ps), need)
+		return
+	}
+	c.add("hugepages", subj, Fail, fmt.Sprintf("echo %d > %s", p.Total+(need-p.Free), path),
+		"%d free %s hugepages (%d reserved), VM needs %d", p.Free, FormatSize(ps), p.Total, need)
+}
+
+func (c *checker) memlock() {
+	if len(c.devs) == 0 || c.req.Memory == 0 {
+		return
+	}
+	limit, exempt, ok, err := c.h.MemlockLimit()
+	const fix = "ulimit -l unlimited (or memlock in /etc/security/limits.conf, LimitMEMLOCK=infinity in a systemd unit)"
+	switch {
+	case err != nil:
+		c.add("memlock", "process", Warn, fix, "cannot read RLIMIT_MEMLOCK: %v", err)
+	case !ok:
+		c.add("memlock", "process", Warn, "run hpcvmm check on the host itself", "RLIMIT_MEMLOCK unknown: this host tree is not the live host")
+	case exempt:
+		c.add("memlock", "process", Pass, "", "running as root (CAP_IPC_LOCK): VFIO may pin all guest RAM")
+	case limit == math.MaxUint64 || limit >= c.req.Memory:
+		c.add("memlock", "process", Pass, "", "RLIMIT_MEMLOCK %s covers %s of guest RAM", memlockString(limit), FormatSize(c.req.Memory))
+	default:
+		c.add("memlock", "process", Warn, fix, "RLIMIT_MEMLOCK is %s but VFIO pins all %s of guest RAM: DMA mapping will fail unless hpcvmm gains CAP_IPC_LOCK",
+			memlockString(limit), FormatSize(c.req.Memory))
+	}
+}
+
+// humanSize renders a byte count in its largest unit: exactly when the
+// unit divides it ("128G"), else with one decimal ("128.0G").
+func humanSize(v uint64) string {
+	for _, u := range []struct {
+		shift  uint
+		suffix string
+	}{{40, "T"}, {30, "G"}, {20, "M"}, {10, "K"}} {
+		if v >= 1<<u.shift {
+			if v%(1<<u.shift) == 0 {
+				return fmt.Sprintf("%d%s", v>>u.shift, u.suffix)
+			}
+			return fmt.Sprintf("%.1f%s", float64(v)/float64(uint64(1)<<u.shift), u.suffix)
+		}
+	}
+	return fmt.Sprintf("%d", v)
+}
+
+func memlockString(v uint64) string {
+	if v == math.MaxUint64 {
+		return "unlimited"
+	}
+	return FormatSize(v)
+}
+
+func (c *checker) placement() {
+	if c.chosen == nil {
+		return
+	}
+	for _, rd := range c.devs {
+		subj := rd.d.BDF.String()
+		switch dn := rd.d.NUMANode; {
+		case dn < 0:
+			c.add("placement", subj, Pass, "", "no NUMA information: cannot be misplaced relative to node %d", c.chosen.ID)
+		case dn == c.chosen.ID:
+			c.add("placement", subj, Pass, "", "on the VM's node %d", dn)
+		default:
+			c.add("placement", subj, Warn, fmt.Sprintf("use --numa-node %d", dn),
+				"on node %d, VM on node %d: DMA and interrupts cross the socket interconnect", dn, c.chosen.ID)
+		}
+	}
+}

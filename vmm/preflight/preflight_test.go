@@ -1,0 +1,615 @@
+package preflight_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"math"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hpcvmm/hpcvmm/vmm/host"
+	"github.com/hpcvmm/hpcvmm/vmm/host/hosttest"
+	"github.com/hpcvmm/hpcvmm/vmm/preflight"
+)
+
+const (
+	mib = uint64(1) << 20
+	gib = uint64(1) << 30
+)
+
+const fixture = "../../../shared/fixtures/gpu-host-sysfs"
+
+const (
+	gpu   = "0000:41:00.0"
+	audio = "0000:41:00.1"
+	pf    = "0000:82:00.0"
+	vf    = "0000:82:00.1"
+)
+
+// msixConfig is a 256-byte config space with one MSI-X capability at 0x40.
+func msixConfig(vendor, device uint16, vectors int, bir uint8, tableOff, pbaOff uint32) []byte {
+	c := make([]byte, 256)
+	binary.LittleEndian.PutUint16(c[0:], vendor)
+	binary.LittleEndian.PutUint16(c[2:], device)
+	binary.LittleEndian.PutUint16(c[6:], 0x10) // capability list present
+	c[0x34] = 0x40
+	c[0x40], c[0x41] = host.CapMSIX, 0
+	binary.LittleEndian.PutUint16(c[0x42:], uint16(vectors-1))
+	binary.LittleEndian.PutUint32(c[0x44:], tableOff|uint32(bir))
+	binary.LittleEndian.PutUint32(c[0x48:], pbaOff|uint32(bir))
+	return c
+}
+
+// goodHost is a two-node host where a GPU on node 1 and an InfiniBand VF on
+// node 0 are ready for passthrough: IOMMU and interrupt remapping on, GPU
+// and VF on vfio-pci, 1G hugepages reserved, running as root.
+func goodHost(t *testing.T) (*hosttest.Tree, *host.Host) {
+	tr := hosttest.New(t)
+	tr.Node(0, "0-7", 32*gib, hosttest.Pool{Size: gib, Total: 8, Free: 8}, hosttest.Pool{Size: 2 * mib})
+	tr.Node(1, "8-15", 32*gib, hosttest.Pool{Size: gib, Total: 16, Free: 16}, hosttest.Pool{Size: 2 * mib, Total: 1024, Free: 512})
+	tr.CPUInfo(46)
+	tr.Interrupts(true)
+	tr.KVM()
+	tr.AddDevice(hosttest.Device{BDF: gpu, Vendor: 0x10de, DeviceID: 0x2330, Class: 0x030200, Driver: "vfio-pci", NUMANode: 1, IOMMUGroup: 40, ResetMethod: "flr",
+		Resource: hosttest.Resource(map[int]string{
+			0: hosttest.ResourceLine(0xa000_0000, 16*mib, false, false),
+			2: hosttest.ResourceLine(0x1000_0000_0000, 128*gib, true, true),
+			4: hosttest.ResourceLine(0x1020_0000_0000, 32*mib, true, true),
+		}),
+		Config: msixConfig(0x10de, 0x2330, 9, 0, 0xb90000, 0xba0000)})
+	tr.AddDevice(hosttest.Device{BDF: pf, Vendor: 0x15b3, DeviceID: 0x101d, Class: 0x020700, Driver: "mlx5_core", NUMANode: 0, IOMMUGroup: 30, ResetMethod: "flr",
+		Resource: hosttest.Resource(map[int]string{0: hosttest.ResourceLine(0x3800_0000_0000, 32*mib, true, true), 7: hosttest.ResourceLine(0x3800_0200_0000, 16*mib, true, true)})})
+	tr.AddDevice(hosttest.Device{BDF: vf, Vendor: 0x15b3, DeviceID: 0x101e, Class: 0x020700, Driver: "vfio-pci", NUMANode: 0, IOMMUGroup: 31, ResetMethod: "flr",
+		Resource: hosttest.Resource(map[int]string{0: hosttest.ResourceLine(0x3800_0200_0000, 1*mib, true, true)}),
+		Config:   msixConfig(0x15b3, 0x101e, 64, 0, 0x2000, 0x3000)})
+	tr.LinkVF(pf, vf, 0)
+	h := tr.Host()
+	asRoot(h)
+	return tr, h
+}
+
+func asRoot(h *host.Host) {
+	h.Memlock = func() (uint64, error) { return 8 * mib, nil }
+	h.Euid = func() int { return 0 }
+}
+
+func goodRequest() preflight.Request {
+	return preflight.Request{GPUs: []string{gpu}, VFs: []string{vf}, Memory: 8 * gib, PageSize: preflight.Page1G, CPUs: 8, NUMANode: -1}
+}
+
+// find returns the single result for check name on subject.
+func find(t *testing.T, r preflight.Report, name, subject string) preflight.Result {
+	t.Helper()
+	var got []preflight.Result
+	for _, x := range r.Results {
+		if x.Name == name && x.Subject == subject {
+			got = append(got, x)
+		}
+	}
+	require.Len(t, got, 1, "results for %s/%s in %+v", name, subject, r.Results)
+	return got[0]
+}
+
+func has(r preflight.Report, name string) bool {
+	for _, x := range r.Results {
+		if x.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func TestAllPass(t *testing.T) {
+	_, h := goodHost(t)
+	r := preflight.Run(h, goodRequest())
+	require.True(t, r.OK(), "%+v", r.Failures())
+	assert.Equal(t, 1, r.Node)
+	assert.Equal(t, "node of "+gpu, r.NodeReason)
+	for _, x := range r.Results {
+		if x.Name == "placement" && x.Subject == vf {
+			assert.Equal(t, preflight.Warn, x.Status, "VF on node 0, VM on node 1")
+			assert.Equal(t, "use --numa-node 0", x.Fix)
+			continue
+		}
+		assert.Equal(t, preflight.Pass, x.Status, "%+v", x)
+		assert.Empty(t, x.Fix, "%+v", x)
+	}
+	assert.Contains(t, find(t, r, "sr-iov", vf).Detail, "VF of PF "+pf+" (driver mlx5_core")
+	assert.Contains(t, find(t, r, "iommu-group", gpu).Detail, "group 40, alone")
+	assert.Contains(t, find(t, r, "interrupts", gpu).Detail, "table BAR0+0xb90000")
+	assert.Contains(t, find(t, r, "hugepages", "node 1").Detail, "16 of 16 free 1G hugepages, VM needs 8")
+	assert.Contains(t, find(t, r, "irq-remap", "host").Detail, "IR-")
+	// 16M (32-bit) is not in the 64-bit window; 128G+32M (GPU) + 1M (VF) is.
+	assert.Contains(t, find(t, r, "bar-space", "vm").Detail, "3 64-bit BARs")
+	assert.Equal(t, preflight.Pass, find(t, r, "memlock", "process").Status)
+}
+
+func TestKVM(t *testing.T) {
+	tr, h := goodHost(t)
+	req := goodRequest()
+	var probed string
+	req.KVMCheck = func(p string) []preflight.Result {
+		probed = p
+		return []preflight.Result{{Name: "kvm-cap", Subject: "host", Status: preflight.Fail, Detail: "KVM_CAP_X missing", Fix: "upgrade"}}
+	}
+	r := preflight.Run(h, req)
+	assert.Equal(t, h.Layout.KVM, probed, "hook receives the device path")
+	assert.Equal(t, preflight.Fail, find(t, r, "kvm-cap", "host").Status)
+	assert.False(t, r.OK())
+
+	tr.Remove("dev/kvm")
+	probed = ""
+	r = preflight.Run(h, req)
+	k := find(t, r, "kvm", "host")
+	assert.Equal(t, preflight.Fail, k.Status)
+	assert.Equal(t, "modprobe kvm_amd (and enable virtualization, VT-x/AMD-V, in the firmware setup)", k.Fix)
+	assert.Empty(t, probed, "no probe without the device")
+	assert.False(t, has(r, "kvm-cap"))
+}
+
+func TestIOMMUOff(t *testing.T) {
+	tr, h := goodHost(t)
+	tr.Remove("sys/kernel/iommu_groups")
+	tr.Remove("sys/bus/pci/devices/" + gpu + "/iommu_group")
+	r := preflight.Run(h, goodRequest())
+	x := find(t, r, "iommu", "host")
+	assert.Equal(t, preflight.Fail, x.Status)
+	assert.Contains(t, x.Fix, "amd_iommu=on iommu=pt")
+	g := find(t, r, "iommu-group", gpu)
+	assert.Equal(t, preflight.Fail, g.Status)
+	assert.Contains(t, g.Detail, "not in an IOMMU group")
+	assert.False(t, r.OK())
+
+	// Without passthrough devices the VM can still start.
+	r = preflight.Run(h, preflight.Request{Memory: 2 * gib, NUMANode: -1})
+	assert.Equal(t, preflight.Warn, find(t, r, "iommu", "host").Status)
+	assert.True(t, r.OK(), "%+v", r.Failures())
+	assert.False(t, has(r, "memlock"), "memlock only matters with VFIO")
+	assert.False(t, has(r, "bar-space"))
+}
+
+func TestInterruptRemapping(t *testing.T) {
+	tr, h := goodHost(t)
+	tr.Interrupts(false)
+	r := preflight.Run(h, goodRequest())
+	x := find(t, r, "irq-remap", "host")
+	assert.Equal(t, preflight.Fail, x.Status)
+	assert.Contains(t, x.Fix, "echo 1 > /sys/module/vfio_iommu_type1/parameters/allow_unsafe_interrupts")
+
+	tr.Write("sys/module/vfio_iommu_type1/parameters/allow_unsafe_interrupts", "Y\n")
+	r = preflight.Run(h, goodRequest())
+	assert.Equal(t, preflight.Warn, find(t, r, "irq-remap", "host").Status)
+	assert.True(t, r.OK())
+
+	tr.Remove("proc/interrupts")
+	r = preflight.Run(h, goodRequest())
+	x = find(t, r, "irq-remap", "host")
+	assert.Equal(t, preflight.Warn, x.Status)
+	assert.Contains(t, x.Detail, "unknown")
+}
+
+func TestDriver(t *testing.T) {
+	tr, h := goodHost(t)
+	tr.Symlink("sys/bus/pci/devices/"+gpu+"/driver", "../../../bus/pci/drivers/nvidia")
+	r := preflight.Run(h, goodRequest())
+	x := find(t, r, "driver", gpu)
+	assert.Equal(t, preflight.Fail, x.Status)
+	assert.Contains(t, x.Detail, "bound to nvidia")
+	assert.Equal(t, "modprobe vfio-pci && echo vfio-pci > /sys/bus/pci/devices/0000:41:00.0/driver_override && "+
+		"echo 0000:41:00.0 > /sys/bus/pci/devices/0000:41:00.0/driver/unbind && echo 0000:41:00.0 > /sys/bus/pci/drivers_probe", x.Fix)
+	assert.False(t, r.OK())
+
+	tr.Remove("sys/bus/pci/devices/" + gpu + "/driver")
+	r = preflight.Run(h, goodRequest())
+	x = find(t, r, "driver", gpu)
+	assert.Equal(t, preflight.Fail, x.Status)
+	assert.Contains(t, x.Detail, "no driver")
+	assert.NotContains(t, x.Fix, "unbind")
+
+	tr.Symlink("sys/bus/pci/devices/"+gpu+"/driver", "../../../bus/pci/drivers/nvgrace_gpu_vfio_pci")
+	r = preflight.Run(h, goodRequest())
+	assert.Equal(t, preflight.Pass, find(t, r, "driver", gpu).Status, "vfio-pci variant drivers are VFIO drivers")
+}
+
+func TestIOMMUGroupViability(t *testing.T) {
+	tr, h := goodHost(t)
+	tr.AddDevice(hosttest.Device{BDF: audio, Vendor: 0x10de, DeviceID: 0x1aef, Class: 0x040300, Driver: "snd_hda_intel", NUMANode: 1, IOMMUGroup: 40})
+	tr.AddDevice(hosttest.Device{BDF: "0000:40:01.0", Vendor: 0x1022, DeviceID: 0x1483, Class: 0x060400, Driver: "pcieport", NUMANode: 1, IOMMUGroup: 40})
+	r := preflight.Run(h, goodRequest())
+	x := find(t, r, "iommu-group", gpu)
+	assert.Equal(t, preflight.Fail, x.Status)
+	assert.Contains(t, x.Detail, "0000:41:00.1 (snd_hda_intel)")
+	assert.NotContains(t, x.Detail, "0000:40:01.0 (pcieport) must", "bridges on pcieport are allowed")
+	assert.Equal(t, preflight.BindFix(host.BDF{Bus: 0x41, Function: 1}, "snd_hda_intel"), x.Fix)
+
+	tr.Symlink("sys/bus/pci/devices/"+audio+"/driver", "../../../bus/pci/drivers/vfio-pci")
+	r = preflight.Run(h, goodRequest())
+	x = find(t, r, "iommu-group", gpu)
+	assert.Equal(t, preflight.Pass, x.Status, x.Detail)
+	assert.Contains(t, x.Detail, "0000:41:00.1 (vfio-pci)")
+	assert.Contains(t, x.Detail, "0000:40:01.0 (pcieport)")
+}
+
+func TestResetAndInterrupts(t *testing.T) {
+	tr, h := goodHost(t)
+	tr.Remove("sys/bus/pci/devices/" + gpu + "/reset_method")
+	// MSI-X table beyond the 16 MiB BAR0.
+	tr.Write("sys/bus/pci/devices/"+gpu+"/config", string(msixConfig(0x10de, 0x2330, 9, 0, 0x1000000, 0xba0000)))
+	r := preflight.Run(h, goodRequest())
+	assert.Equal(t, preflight.Warn, find(t, r, "reset", gpu).Status)
+	x := find(t, r, "interrupts", gpu)
+	assert.Equal(t, preflight.Fail, x.Status)
+	assert.Contains(t, x.Detail, "outside its BAR")
+
+	// MSI-X table in an unpopulated BAR.
+	tr.Write("sys/bus/pci/devices/"+gpu+"/config", string(msixConfig(0x10de, 0x2330, 9, 5, 0, 0x1000)))
+	r = preflight.Run(h, goodRequest())
+	assert.Equal(t, preflight.Fail, find(t, r, "interrupts", gpu).Status)
+
+	// No MSI at all: INTx only is a warning.
+	tr.Write("sys/bus/pci/devices/"+gpu+"/config", string(make([]byte, 256)))
+	r = preflight.Run(h, goodRequest())
+	assert.Equal(t, preflight.Warn, find(t, r, "interrupts", gpu).Status)
+
+	// Unprivileged read: 64 bytes... and fewer.
+	tr.Write("sys/bus/pci/devices/"+gpu+"/config", string(make([]byte, 32)))
+	r = preflight.Run(h, goodRequest())
+	assert.Contains(t, find(t, r, "interrupts", gpu).Fix, "root")
+}
+
+func TestBARSpace(t *testing.T) {
+	tr, h := goodHost(t)
+	tr.CPUInfo(39) // 512 GiB of guest physical address space
+	req := goodRequest()
+	req.Memory = 300 * gib
+	req.PageSize = preflight.Page4K
+	r := preflight.Run(h, req)
+	// RAM ends at 301G; the 128G BAR lands at [384G, 512G): just fits.
+	x := find(t, r, "bar-space", "vm")
+	assert.Equal(t, preflight.Pass, x.Status, x.Detail)
+	assert.Contains(t, x.Detail, "need 39 of the host's 39")
+
+	req.Memory = 400 * gib
+	r = preflight.Run(h, req)
+	x = find(t, r, "bar-space", "vm")
+	assert.Equal(t, preflight.Fail, x.Status)
+	assert.Contains(t, x.Detail, "needs 40 physical address bits, the host has 39")
+	// The largest RAM that keeps the 128G BAR at 384G with room below it
+	// for the 32M and 1M BARs: RAM end <= 383G.
+	assert.Contains(t, x.Fix, "--memory 382G or less")
+
+	tr.CPUInfo(36) // 64 GiB: a 128 GiB BAR can never fit
+	r = preflight.Run(h, goodRequest())
+	x = find(t, r, "bar-space", "vm")
+	assert.Equal(t, preflight.Fail, x.Status)
+	assert.Contains(t, x.Detail, "needs 38 physical address bits, the host has 36")
+	assert.Contains(t, x.Fix, "pass fewer devices")
+
+	// 32-bit BARs overflowing the hole below 4 GiB.
+	tr.CPUInfo(46)
+	tr.Write("sys/bus/pci/devices/"+gpu+"/resource", hosttest.Resource(map[int]string{0: hosttest.ResourceLine(0x8000_0000, 1*gib, false, false)}))
+	r = preflight.Run(h, goodRequest())
+	x = find(t, r, "bar-space-32bit", "vm")
+	assert.Equal(t, preflight.Fail, x.Status)
+	assert.Contains(t, x.Detail, "1 32-bit BARs need 1G of the 32-bit PCI hole, which has 1004M")
+	assert.Equal(t, preflight.Pass, find(t, r, "bar-space", "vm").Status, "the VF's 64-bit BAR still fits")
+}
+
+func TestPlaceBARs(t *testing.T) {
+	// Small BARs fill the gap below the naturally aligned large one.
+	addrs, end := preflight.PlaceBARs(301*gib, []uint64{1 * mib, 128 * gib, 32 * mib})
+	assert.Equal(t, []uint64{301*gib + 32*mib, 384 * gib, 301 * gib}, addrs)
+	assert.Equal(t, 512*gib, end)
+
+	// Without a gap they follow it, each aligned to its size.
+	addrs, end = preflight.PlaceBARs(128*gib, []uint64{16 * mib, 128 * gib, 32 * mib, 3 * mib})
+	assert.Equal(t, []uint64{256*gib + 32*mib, 128 * gib, 256 * gib, 256*gib + 48*mib}, addrs, "3M rounds up to 4M")
+	assert.Equal(t, 256*gib+52*mib, end)
+
+	// Saturation instead of wrap-around.
+	_, end = preflight.PlaceBARs(math.MaxUint64-gib, []uint64{4 * gib})
+	assert.Equal(t, uint64(math.MaxUint64), end)
+	_, end = preflight.PlaceBARs(0, []uint64{1<<63 + 1})
+	assert.Equal(t, uint64(math.MaxUint64), end)
+}
+
+func TestMMIO64Start(t *testing.T) {
+	assert.Equal(t, 4*gib, preflight.MMIO64Start(0))
+	assert.Equal(t, 4*gib, preflight.MMIO64Start(3*gib))
+	assert.Equal(t, 5*gib, preflight.MMIO64Start(3*gib+1), "RAM above 3G continues at 4G")
+	assert.Equal(t, 8*gib, preflight.MMIO64Start(7*gib))
+	assert.Equal(t, 301*gib, preflight.GuestRAMEnd(300*gib))
+}
+
+func TestVF(t *testing.T) {
+	tr, h := goodHost(t)
+	req := goodRequest()
+	req.VFs = []string{pf} // a PF is not a VF
+	r := preflight.Run(h, req)
+	x := find(t, r, "sr-iov", pf)
+	assert.Equal(t, preflight.Fail, x.Status)
+	assert.Contains(t, x.Detail, "not an SR-IOV virtual function")
+	assert.Contains(t, x.Fix, "sriov_numvfs")
+
+	tr.Remove("sys/bus/pci/devices/" + pf + "/driver")
+	r = preflight.Run(h, goodRequest())
+	x = find(t, r, "sr-iov", vf)
+	assert.Equal(t, preflight.Warn, x.Status)
+	assert.Contains(t, x.Detail, "PF "+pf+", which has no driver")
+}
+
+func TestHugepages(t *testing.T) {
+	tr, h := goodHost(t)
+	req := goodRequest()
+	req.Memory = 20 * gib
+	tr.Write("sys/devices/system/node/node1/hugepages/hugepages-1048576kB/free_hugepages", "10\n")
+	r := preflight.Run(h, req)
+	x := find(t, r, "hugepages", "node 1")
+	assert.Equal(t, preflight.Fail, x.Status)
+	assert.Contains(t, x.Detail, "10 free 1G hugepages (16 reserved), VM needs 20")
+	// 16 reserved, 6 of them in use: 26 leaves 20 free.
+	assert.Equal(t, "echo 26 > /sys/devices/system/node/node1/hugepages/hugepages-1048576kB/nr_hugepages", x.Fix)
+	assert.False(t, r.OK())
+
+	req.Memory = 1 * gib
+	req.PageSize = preflight.Page2M
+	r = preflight.Run(h, req)
+	x = find(t, r, "hugepages", "node 1")
+	assert.Equal(t, preflight.Pass, x.Status, x.Detail)
+	assert.Contains(t, x.Detail, "VM needs 512")
+
+	tr.Remove("sys/devices/system/node/node1/hugepages/hugepages-2048kB")
+	r = preflight.Run(h, req)
+	x = find(t, r, "hugepages", "node 1")
+	assert.Equal(t, preflight.Fail, x.Status)
+	assert.Contains(t, x.Detail, "no 2M hugepage pool")
+
+	req.Memory = 3*gib + 2*mib
+	req.PageSize = preflight.Page1G
+	r = preflight.Run(h, req)
+	x = find(t, r, "request", "vm")
+	assert.Equal(t, preflight.Fail, x.Status)
+	assert.Equal(t, "use --memory 4G", x.Fix)
+
+	req.Memory = 64 * gib
+	req.PageSize = preflight.Page4K
+	r = preflight.Run(h, req)
+	x = find(t, r, "memory", "node 1")
+	assert.Equal(t, preflight.Warn, x.Status, "32G free for 64G")
+}
+
+func TestCPUs(t *testing.T) {
+	tr, h := goodHost(t)
+	tr.Node(2, "16-31", 4*gib)
+	req := goodRequest()
+	req.CPUs = 12
+	r := preflight.Run(h, req)
+	x := find(t, r, "cpus", "node 1")
+	assert.Equal(t, preflight.Warn, x.Status)
+	assert.Equal(t, "use --cpus 8 or --numa-node 2", x.Fix)
+	assert.True(t, r.OK(), "too few CPUs is a warning")
+}
+
+func TestMemlock(t *testing.T) {
+	_, h := goodHost(t)
+	h.Euid = func() int { return 1000 }
+	r := preflight.Run(h, goodRequest())
+	x := find(t, r, "memlock", "process")
+	assert.Equal(t, preflight.Warn, x.Status)
+	assert.Contains(t, x.Detail, "RLIMIT_MEMLOCK is 8M but VFIO pins all 8G")
+	assert.Contains(t, x.Fix, "ulimit -l unlimited")
+
+	h.Memlock = func() (uint64, error) { return math.MaxUint64, nil }
+	r = preflight.Run(h, goodRequest())
+	x = find(t, r, "memlock", "process")
+	assert.Equal(t, preflight.Pass, x.Status)
+	assert.Contains(t, x.Detail, "unlimited")
+
+	h.Memlock = nil
+	r = preflight.Run(h, goodRequest())
+	assert.Equal(t, preflight.Warn, find(t, r, "memlock", "process").Status)
+}
+
+func TestDeviceInput(t *testing.T) {
+	_, h := goodHost(t)
+	req := goodRequest()
+	req.GPUs = []string{"82:00", "0000:99:00.0", gpu, "41:00.0"}
+	r := preflight.Run(h, req)
+	x := find(t, r, "device", "82:00")
+	assert.Equal(t, preflight.Fail, x.Status)
+	assert.Contains(t, x.Detail, "--gpu")
+	assert.Contains(t, x.Detail, "DDDD:BB:DD.F")
+	x = find(t, r, "device", "0000:99:00.0")
+	assert.Equal(t, preflight.Fail, x.Status)
+	assert.Contains(t, x.Detail, "no PCI device")
+	var dup []preflight.Result
+	for _, y := range r.Results {
+		if y.Name == "device" && y.Subject == gpu {
+			dup = append(dup, y)
+		}
+	}
+	require.Len(t, dup, 2)
+	assert.Equal(t, preflight.Fail, dup[1].Status, "the short form of the same address is a duplicate")
+
+	tr2, h2 := goodHost(t)
+	tr2.AddDevice(hosttest.Device{BDF: "0000:40:01.0", Vendor: 0x1022, DeviceID: 0x1483, Class: 0x060400, Driver: "vfio-pci", NUMANode: 1, IOMMUGroup: 41})
+	r = preflight.Run(h2, preflight.Request{GPUs: []string{"40:01.0"}, NUMANode: -1})
+	assert.Equal(t, preflight.Fail, find(t, r, "device", "0000:40:01.0").Status, "bridges cannot be assigned")
+}
+
+func TestChooseNode(t *testing.T) {
+	tr, h := goodHost(t)
+	n, why, err := preflight.ChooseNode(h, preflight.Request{NUMANode: 0, GPUs: []string{gpu}})
+	require.NoError(t, err)
+	assert.Equal(t, 0, n)
+	assert.Contains(t, why, "--numa-node")
+
+	_, _, err = preflight.ChooseNode(h, preflight.Request{NUMANode: 7})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--numa-node 7")
+	assert.Contains(t, err.Error(), "0-1")
+
+	n, why, err = preflight.ChooseNode(h, preflight.Request{NUMANode: -1, VFs: []string{vf}, GPUs: []string{gpu}})
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "GPUs first")
+	assert.Equal(t, "node of "+gpu, why)
+
+	// No devices: most free hugepages of the size.
+	n, why, err = preflight.ChooseNode(h, preflight.Request{NUMANode: -1, PageSize: preflight.Page2M})
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	assert.Equal(t, "most free 2M hugepages (512)", why)
+
+	tr.Write("sys/devices/system/node/node0/hugepages/hugepages-1048576kB/free_hugepages", "16\n")
+	n, _, err = preflight.ChooseNode(h, preflight.Request{NUMANode: -1, PageSize: preflight.Page1G})
+	require.NoError(t, err)
+	assert.Equal(t, 0, n, "a tie goes to the lowest node")
+	tr.Write("sys/devices/system/node/node0/hugepages/hugepages-1048576kB/free_hugepages", "2\n")
+	n, _, err = preflight.ChooseNode(h, preflight.Request{NUMANode: -1})
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "default page size is 1G")
+
+	// Devices without NUMA information fall through to the hugepage rule.
+	tr.Write("sys/bus/pci/devices/"+gpu+"/numa_node", "-1\n")
+	n, why, err = preflight.ChooseNode(h, preflight.Request{NUMANode: -1, GPUs: []string{gpu}})
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	assert.Contains(t, why, "most free 1G hugepages")
+
+	r := preflight.Run(h, preflight.Request{NUMANode: 5, Memory: gib})
+	assert.Equal(t, preflight.Fail, find(t, r, "numa-node", "vm").Status)
+	assert.Equal(t, -1, r.Node)
+}
+
+func TestPlacement(t *testing.T) {
+	_, h := goodHost(t)
+	req := goodRequest()
+	req.NUMANode = 0
+	r := preflight.Run(h, req)
+	x := find(t, r, "placement", gpu)
+	assert.Equal(t, preflight.Warn, x.Status)
+	assert.Equal(t, "use --numa-node 1", x.Fix)
+	assert.Equal(t, preflight.Pass, find(t, r, "placement", vf).Status)
+}
+
+// The real H100 capture: the GPU is on nvidia, no IOMMU groups, no NUMA
+// information, FLR, MSI-X at 0xb0, BARs fit the 46-bit address space, and no
+// hugepages reserved.
+func TestFixture(t *testing.T) {
+	if _, err := os.Stat(fixture); err != nil {
+		t.Skipf("real-host capture not available at %s: %v", fixture, err)
+	}
+	h := host.New(fixture, "/nonexistent-proc")
+	r := preflight.Run(h, preflight.Request{GPUs: []string{"00:06.0"}, Memory: 16 * gib, CPUs: 16, NUMANode: -1})
+	assert.False(t, r.OK())
+	const g = "0000:00:06.0"
+	x := find(t, r, "iommu", "host")
+	assert.Equal(t, preflight.Fail, x.Status)
+	assert.Contains(t, x.Fix, "intel_iommu=on", "the capture's CPU is GenuineIntel")
+	assert.Equal(t, preflight.Warn, find(t, r, "irq-remap", "host").Status)
+	assert.Equal(t, preflight.Fail, find(t, r, "kvm", "host").Status)
+	assert.Equal(t, "10de:2330 3D controller (class 0x030200)", find(t, r, "device", g).Detail)
+	x = find(t, r, "driver", g)
+	assert.Equal(t, preflight.Fail, x.Status)
+	assert.Contains(t, x.Detail, "nvidia")
+	assert.Contains(t, x.Fix, "echo vfio-pci > /sys/bus/pci/devices/0000:00:06.0/driver_override")
+	assert.Equal(t, preflight.Fail, find(t, r, "iommu-group", g).Status)
+	assert.Equal(t, "no NUMA information (numa_node -1)", find(t, r, "numa", g).Detail)
+	assert.Equal(t, "reset methods: flr", find(t, r, "reset", g).Detail)
+	assert.Equal(t, "MSI-X at 0xb0: 9 vectors, table BAR0+0xb90000, PBA BAR0+0xba0000", find(t, r, "interrupts", g).Detail)
+	x = find(t, r, "bar-space", "vm")
+	assert.Equal(t, preflight.Pass, x.Status)
+	// 16G of RAM ends at 17G; BAR1's 128G lands at [128G, 256G), the 32M
+	// and 16M BARs in the gap below it: 38 bits of the host's 46.
+	assert.Contains(t, x.Detail, "3 64-bit BARs (128.0G) fit in [0x440000000, 0x4000000000)")
+	assert.Contains(t, x.Detail, "need 38 of the host's 46")
+	x = find(t, r, "hugepages", "node 0")
+	assert.Equal(t, preflight.Fail, x.Status)
+	assert.Equal(t, "echo 16 > /sys/devices/system/node/node0/hugepages/hugepages-1048576kB/nr_hugepages", x.Fix)
+	assert.Equal(t, preflight.Pass, find(t, r, "cpus", "node 0").Status)
+	assert.Equal(t, preflight.Pass, find(t, r, "placement", g).Status)
+	assert.Equal(t, preflight.Warn, find(t, r, "memlock", "process").Status)
+}
+
+func TestReportOutput(t *testing.T) {
+	_, h := goodHost(t)
+	req := goodRequest()
+	req.Memory = 20 * gib
+	r := preflight.Run(h, req)
+	var b bytes.Buffer
+	require.NoError(t, r.WriteTable(&b))
+	out := b.String()
+	lines := strings.Split(out, "\n")
+	require.True(t, strings.HasPrefix(lines[0], "      CHECK"), lines[0])
+	col := strings.Index(lines[0], "DETAIL")
+	var sawFix bool
+	for i, l := range lines[1:] {
+		switch {
+		case strings.HasPrefix(l, "FAIL") || strings.HasPrefix(l, "PASS") || strings.HasPrefix(l, "WARN"):
+			assert.NotEqual(t, ' ', l[col-1+1], "detail column aligned: %q", l)
+		case strings.Contains(l, "fix: "):
+			sawFix = true
+			assert.Equal(t, col, strings.Index(l, "fix: "), "fix line under the detail column")
+			assert.True(t, strings.HasPrefix(lines[i], "FAIL") || strings.HasPrefix(lines[i], "WARN"), "fix follows its problem")
+		}
+	}
+	assert.True(t, sawFix)
+	assert.Contains(t, out, "failed: the VM cannot start")
+	assert.Contains(t, out, "fix: echo 20 > /sys/devices/system/node/node1/hugepages/hugepages-1048576kB/nr_hugepages")
+
+	b.Reset()
+	require.NoError(t, r.WriteJSON(&b))
+	assert.Contains(t, b.String(), `"status": "fail"`)
+	assert.Contains(t, b.String(), "echo 20 > /sys", "no HTML escaping of fix commands")
+	var got struct {
+		OK      bool
+		Node    int
+		Results []preflight.Result
+	}
+	require.NoError(t, json.Unmarshal(b.Bytes(), &got))
+	assert.False(t, got.OK)
+	assert.Equal(t, 1, got.Node)
+	assert.Equal(t, r.Results, got.Results)
+
+	ok := preflight.Run(h, goodRequest())
+	b.Reset()
+	require.NoError(t, ok.WriteTable(&b))
+	assert.Contains(t, b.String(), "0 failed: the VM can start")
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]uint64{"4096": 4096, "512M": 512 * mib, "1G": gib, "1g": gib, "1GiB": gib, "2T": 2 << 40, "8K": 8 << 10, " 20G ": 20 * gib} {
+		got, err := preflight.ParseSize(in)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, got, in)
+	}
+	for _, bad := range []string{"", "G", "1.5G", "-1G", "1X", "99999999999T"} {
+		_, err := preflight.ParseSize(bad)
+		assert.Error(t, err, bad)
+	}
+	for in, want := range map[string]uint64{"1G": preflight.Page1G, "2M": preflight.Page2M, "none": preflight.Page4K, "4K": preflight.Page4K} {
+		got, err := preflight.ParsePageSize(in)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, got, in)
+	}
+	_, err := preflight.ParsePageSize("16M")
+	assert.ErrorContains(t, err, "want 1G, 2M or none")
+	assert.Equal(t, "1536M", preflight.FormatSize(1536*mib))
+}
+
+func TestStatusText(t *testing.T) {
+	for _, s := range []preflight.Status{preflight.Pass, preflight.Warn, preflight.Fail} {
+		b, err := s.MarshalText()
+		require.NoError(t, err)
+		var back preflight.Status
+		require.NoError(t, back.UnmarshalText(b))
+		assert.Equal(t, s, back)
+	}
+	var s preflight.Status
+	assert.Error(t, s.UnmarshalText([]byte("maybe")))
+}

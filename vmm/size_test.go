@@ -1,0 +1,32 @@
+package vmm
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]uint64{
+		"4096": 4096, "512M": 512 << 20, "20G": 20 << 30, "1GiB": 1 << 30, "2t": 2 << 40, "64k": 64 << 10, "3GB": 3 << 30,
+	} {
+		got, err := ParseSize(in)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, got, in)
+	}
+	for _, bad := range []string{"", "G", "1.5G", "-1G", "12X", "99999999999999999999T", "16777216T"} {
+		_, err := ParseSize(bad)
+		assert.Error(t, err, bad)
+		if err != nil {
+			assert.Contains(t, err.Error(), "size", bad)
+		}
+	}
+}
+
+func TestFormatSize(t *testing.T) {
+	assert.Equal(t, "2G", FormatSize(2<<30))
+	assert.Equal(t, "1536M", FormatSize(1536<<20))
+	assert.Equal(t, "4097", FormatSize(4097))
+	assert.Equal(t, "0", FormatSize(0))
+}

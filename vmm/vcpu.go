@@ -1,0 +1,198 @@
+package vmm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hpcvmm/hpcvmm/uapi"
+)
+
+// exitCounterSlots bounds the per-reason exit counters; KVM's exit reasons
+// are small integers (below 64 on every kernel hpcvmm supports).
+const exitCounterSlots = 64
+
+// vcpu is one virtual CPU and the OS thread that runs it.
+type vcpu struct {
+	index   int
+	hostCPU int // host CPU the thread is pinned to
+	cpu     *uapi.VCPU
+	run     *uapi.Run
+	vm      *VM
+
+	tid     atomic.Int32 // OS thread id while running, 0 before/after
+	entered atomic.Bool  // true once the first KVM_RUN was issued
+
+	// exits counts exits by KVM exit reason. Only the vCPU's own thread
+	// writes it; it is read after the thread has finished.
+	exits [exitCounterSlots]uint64
+}
+
+// errGuestReset ends Run without error: the guest asked for a reset
+// (i8042 pulse or KVM_SYSTEM_EVENT_RESET), which for hpcvmm means the guest
+// is done, like a reboot of a one-shot job.
+var errGuestReset = errors.New("guest reset")
+
+// errGuestPoweroff ends Run without error: the guest powered off.
+var errGuestPoweroff = errors.New("guest powered off")
+
+// errStopped is the reason when the VM was stopped from outside (context
+// cancelled, signal).
+var errStopped = errors.New("stopped")
+
+// loop runs the vCPU on the calling goroutine's locked OS thread until the
+// VM stops. It returns the reason this vCPU stopped the VM, or nil when it
+// stopped because another vCPU or the host asked.
+func (v *vcpu) loop() error {
+	runtime.LockOSThread()
+	// The thread is never unlocked: a thread whose affinity was changed
+	// must not go back to the scheduler's pool (the runtime destroys it
+	// when the goroutine exits while locked).
+	var set unix.CPUSet
+	set.Set(v.hostCPU)
+	if err := unix.SchedSetaffinity(0, &set); err != nil {
+		return fmt.Errorf("vCPU %d: pin to host CPU %d: sched_setaffinity: %w", v.index, v.hostCPU, err)
+	}
+	v.tid.Store(int32(unix.Gettid()))
+	defer v.tid.Store(0)
+	vm := v.vm
+	if vm.stopping.Load() {
+		return nil
+	}
+	if v.index == 0 {
+		vm.noteFirstRun()
+	}
+	v.entered.Store(true)
+	for {
+		err := v.cpu.Run()
+		if err != nil {
+			if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
+				// A signal (Go's preemption SIGURG, or our kick) or
+				// immediate_exit: the guest state is intact.
+				if vm.stopping.Load() {
+					return nil
+				}
+				continue
+			}
+			return fmt.Errorf("vCPU %d: %w", v.index, err)
+		}
+		reason := v.run.ExitReason()
+		if uint32(reason) < exitCounterSlots {
+			v.exits[reason]++
+		}
+		if stop := v.handleExit(reason); stop != nil {
+			return stop
+		}
+		if vm.stopping.Load() {
+			return nil
+		}
+	}
+}
+
+// handleExit services one exit. It must not allocate on the I/O and MMIO
+// paths: they run once per guest device access. It returns non-nil to stop
+// the VM.
+func (v *vcpu) handleExit(reason uapi.ExitReason) error {
+	vm := v.vm
+	switch reason {
+	case uapi.ExitIO:
+		port, isOut, size, count, data := v.run.IO()
+		if size <= 0 || len(data) < size*int(count) {
+			return fmt.Errorf("vCPU %d: malformed KVM_EXIT_IO (port %#x size %d count %d)", v.index, port, size, count)
+		}
+		for i := 0; i < int(count); i++ {
+			chunk := data[i*size : (i+1)*size]
+			if isOut {
+				if !vm.pio.Write(uint64(port), chunk) {
+					vm.unhandledPIO.Access(uint64(port), chunk, true)
+				}
+			} else if !vm.pio.Read(uint64(port), chunk) {
+				vm.unhandledPIO.Access(uint64(port), chunk, false)
+			}
+		}
+	case uapi.ExitMMIO:
+		addr, isWrite, data := v.run.MMIO()
+		if isWrite {
+			if !vm.mmio.Write(addr, data) {
+				vm.unhandledMMIO.Access(addr, data, true)
+			}
+		} else if !vm.mmio.Read(addr, data) {
+			vm.unhandledMMIO.Access(addr, data, false)
+		}
+	case uapi.ExitHLT:
+		// With the in-kernel LAPIC, HLT is handled inside KVM; an exit
+		// here means the guest halted with no way to wake up.
+		return fmt.Errorf("vCPU %d halted with interrupts disabled (KVM_EXIT_HLT)", v.index)
+	case uapi.ExitShutdown:
+		return fmt.Errorf("vCPU %d: guest triple fault (KVM_EXIT_SHUTDOWN)%s", v.index, v.ripSuffix())
+	case uapi.ExitSystemEvent:
+		typ, _ := v.run.SystemEvent()
+		switch typ {
+		case uapi.SystemEventShutdown:
+			return errGuestPoweroff
+		case uapi.SystemEventReset:
+			return errGuestReset
+		default:
+			return fmt.Errorf("vCPU %d: KVM system event %d", v.index, typ)
+		}
+	case uapi.ExitFailEntry:
+		hw, cpu := v.run.FailEntry()
+		return fmt.Errorf("vCPU %d: KVM could not enter the guest (KVM_EXIT_FAIL_ENTRY, hardware reason %#x, host CPU %d)", v.index, hw, cpu)
+	case uapi.ExitInternalError:
+		sub, data := v.run.InternalError()
+		return fmt.Errorf("vCPU %d: KVM internal error (suberror %d, data %#x)%s", v.index, sub, data, v.ripSuffix())
+	case uapi.ExitIntr:
+		// A signal arrived during the run; nothing to do.
+	case uapi.ExitIRQWindowOpen:
+		// Not requested by hpcvmm (the irqchip is in the kernel).
+	default:
+		return fmt.Errorf("vCPU %d: unexpected KVM exit %v%s", v.index, reason, v.ripSuffix())
+	}
+	return nil
+}
+
+// ripSuffix describes where the guest was, for fatal-exit messages.
+func (v *vcpu) ripSuffix() string {
+	regs, err := v.cpu.GetRegs()
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf(" at RIP %#x", regs.RIP)
+}
+
+// kick forces the vCPU out of KVM_RUN: immediate_exit makes a KVM_RUN
+// that has not started yet return at once, and SIGURG interrupts one in
+// progress. SIGURG is the signal the Go runtime itself uses for preemption,
+// so it is already handled on every thread and harmless.
+func (v *vcpu) kick() {
+	v.run.SetImmediateExit(true)
+	if tid := v.tid.Load(); tid != 0 {
+		_ = unix.Tgkill(unix.Getpid(), int(tid), unix.SIGURG)
+	}
+}
+
+// lapic register offsets and the delivery modes Linux expects on the local
+// interrupt pins of a PC: LINT0 wired to the 8259's ExtINT, LINT1 to NMI.
+const (
+	lapicLVT0         = 0x350
+	lapicLVT1         = 0x360
+	lapicDeliveryMask = 0x700
+	lapicDeliveryExt  = 0x700
+	lapicDeliveryNMI  = 0x400
+)
+
+func setLocalInterruptPins(c *uapi.VCPU) error {
+	st, err := c.GetLAPIC()
+	if err != nil {
+		return err
+	}
+	lvt0 := binary.LittleEndian.Uint32(st[lapicLVT0:])
+	lvt1 := binary.LittleEndian.Uint32(st[lapicLVT1:])
+	binary.LittleEndian.PutUint32(st[lapicLVT0:], lvt0&^lapicDeliveryMask|lapicDeliveryExt)
+	binary.LittleEndian.PutUint32(st[lapicLVT1:], lvt1&^lapicDeliveryMask|lapicDeliveryNMI)
+	return c.SetLAPIC(st)
+}

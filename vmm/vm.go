@@ -1,0 +1,459 @@
+// Package vmm builds and runs one virtual machine: it validates a Config,
+// places the VM on the host (NUMA node, pinned CPUs), allocates guest RAM,
+// creates the KVM VM with its in-kernel LAPIC/IOAPIC/PIT, loads the kernel,
+// wires the platform devices and runs one pinned OS thread per vCPU until
+// the guest resets, powers off or fails.
+//
+// Use it as a library:
+//
+//	cfg := vmm.DefaultConfig()
+//	cfg.Kernel, cfg.Initrd = "/boot/vmlinuz", "initrd.img"
+//	cfg.Cmdline = "console=ttyS0 reboot=k panic=-1"
+//	cfg.CPUs, cfg.Memory = 4, 2<<30
+//	vm, err := vmm.New(cfg)
+//	if err != nil { ... }
+//	defer vm.Close()
+//	err = vm.Run(ctx) // nil when the guest rebooted or powered off
+package vmm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hpcvmm/hpcvmm/boot"
+	"github.com/hpcvmm/hpcvmm/uapi"
+	"github.com/hpcvmm/hpcvmm/vmm/bus"
+	"github.com/hpcvmm/hpcvmm/vmm/guestmem"
+	"github.com/hpcvmm/hpcvmm/vmm/host"
+	"github.com/hpcvmm/hpcvmm/vmm/platform"
+)
+
+// Fixed platform addresses (see docs/architecture.md).
+const (
+	tssAddr         = 0xfffbd000
+	identityMapAddr = 0xfffbc000
+	serialBase      = 0x3f8
+	serialIRQ       = 4
+	i8042DataPort   = 0x60
+	i8042CmdPort    = 0x64
+)
+
+// capsRequired are the KVM capabilities hpcvmm cannot run without.
+var capsRequired = []uapi.Cap{
+	uapi.CapUserMemory, uapi.CapIRQChip, uapi.CapPIT2, uapi.CapExtCPUID,
+	uapi.CapIRQFD, uapi.CapIOEventFD, uapi.CapIRQRouting, uapi.CapSignalMSI,
+	uapi.CapSetTSSAddr, uapi.CapImmediateExit,
+}
+
+// VM is one virtual machine. Create it with New, run it once with Run,
+// and always Close it.
+type VM struct {
+	cfg   Config
+	log   *slog.Logger
+	place placement
+
+	kvm  *uapi.System
+	vm   *uapi.VM
+	mem  *guestmem.Memory
+	cpus []*vcpu
+
+	pio, mmio                   bus.Bus
+	unhandledPIO, unhandledMMIO *platform.Unhandled
+	serial                      *platform.Serial
+	serialEvent                 int // eventfd wired to GSI 4 by KVM_IRQFD
+
+	stopping atomic.Bool
+	stopOnce sync.Once
+	reason   error // first reason the VM stopped; guarded by stopOnce
+
+	start      time.Time
+	firstRun   atomic.Int64 // ns since start of the BSP's first KVM_RUN
+	closeOnce  sync.Once
+	closeErr   error
+	ranAlready atomic.Bool
+}
+
+// New validates cfg, checks the host, and builds the VM without running
+// it. Every check that can fail on user input happens before guest RAM is
+// reserved or a KVM VM exists; on any error everything acquired so far is
+// released.
+func New(cfg Config) (_ *VM, err error) {
+	start := cfg.StartTime
+	if start.IsZero() {
+		start = time.Now()
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Stdout == nil {
+		cfg.Stdout = os.Stdout
+	}
+	if cfg.Console == "" {
+		cfg.Console = ConsoleSerial
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	vm := &VM{cfg: cfg, log: log, start: start, serialEvent: -1}
+	defer func() {
+		if err != nil {
+			vm.Close()
+		}
+	}()
+
+	kernelImage, err := os.ReadFile(cfg.Kernel)
+	if err != nil {
+		return nil, fieldErr("Kernel", "%v", err)
+	}
+	kernel, err := boot.ParseBzImage(kernelImage)
+	if err != nil {
+		return nil, fieldErr("Kernel", "%s: %v", cfg.Kernel, err)
+	}
+	var initrd []byte
+	if cfg.Initrd != "" {
+		if initrd, err = os.ReadFile(cfg.Initrd); err != nil {
+			return nil, fieldErr("Initrd", "%v", err)
+		}
+		if err := checkInitrdFits(kernel, uint64(len(initrd)), cfg.Memory); err != nil {
+			return nil, fieldErr("Initrd", "%s: %v", cfg.Initrd, err)
+		}
+	}
+
+	sysRoot, procRoot := cfg.SysfsRoot, cfg.ProcfsRoot
+	if sysRoot == "" {
+		sysRoot = "/sys"
+	}
+	if procRoot == "" {
+		procRoot = "/proc"
+	}
+	if vm.place, err = choosePlacement(&cfg, host.New(sysRoot, procRoot)); err != nil {
+		return nil, err
+	}
+	log.Info("placement", "numa_node", vm.place.node, "why", vm.place.why,
+		"vcpu_host_cpus", host.FormatCPUList(vm.place.vcpuCPUs), "hugepages", cfg.pageSize().String())
+	if cfg.pageSize() == guestmem.Page4K {
+		log.Warn("guest RAM on 4 KiB pages: for development only; HPC guests lose TLB reach and VFIO needs many more DMA mappings (use --hugepages 1G)")
+	}
+
+	if vm.kvm, err = uapi.OpenKVM(); err != nil {
+		return nil, err
+	}
+	if err := vm.kvm.RequireCaps(capsRequired...); err != nil {
+		return nil, err
+	}
+	if maxCPUs, err := vm.kvm.CheckExtension(uapi.CapMaxVCPUs); err == nil && maxCPUs > 0 && cfg.CPUs > maxCPUs {
+		return nil, fieldErr("CPUs", "%d vCPUs: KVM on this host allows at most %d", cfg.CPUs, maxCPUs)
+	}
+	supported, err := vm.kvm.SupportedCPUID()
+	if err != nil {
+		return nil, err
+	}
+	log.Debug("host CPU", "physical_address_bits", physAddrBits(supported))
+
+	// Guest RAM: reserved, bound and prefaulted before the VM exists, so
+	// a short hugepage pool fails here and not as a SIGBUS in the guest.
+	memStart := time.Now()
+	vm.mem, err = guestmem.New(guestmem.Options{
+		Size:         cfg.Memory,
+		PageSize:     cfg.pageSize(),
+		Node:         vm.place.node,
+		PrefaultCPUs: vm.place.nodeCPUs,
+		Progress:     cfg.Progress,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("guest RAM: %w", err)
+	}
+	d, workers := vm.mem.PrefaultStats()
+	log.Info("guest RAM ready", "size", FormatSize(cfg.Memory), "page", cfg.pageSize().String(),
+		"prefault", d.Round(time.Millisecond), "workers", workers, "setup", time.Since(memStart).Round(time.Millisecond))
+
+	if vm.vm, err = vm.kvm.CreateVM(); err != nil {
+		return nil, err
+	}
+	if err := vm.vm.SetTSSAddr(tssAddr); err != nil {
+		return nil, err
+	}
+	if err := vm.vm.SetIdentityMapAddr(identityMapAddr); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOTTY) {
+		return nil, err
+	}
+	if err := vm.vm.CreateIRQChip(); err != nil {
+		return nil, err
+	}
+	if err := vm.vm.CreatePIT2(); err != nil {
+		return nil, err
+	}
+	var ram []boot.RAMRange
+	for i, r := range vm.mem.Regions() {
+		if err := vm.vm.SetUserMemoryRegion(uapi.UserspaceMemoryRegion{
+			Slot: uint32(i), GuestPhysAddr: r.GPA, Memory: r.Data,
+		}); err != nil {
+			return nil, err
+		}
+		ram = append(ram, boot.RAMRange{GPA: r.GPA, Size: r.Size()})
+	}
+
+	bsp, err := boot.Load(vm.mem, boot.Params{
+		Kernel: kernel, Initrd: initrd, Cmdline: cfg.Cmdline, RAM: ram, CPUs: cfg.CPUs,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("load kernel: %w", err)
+	}
+	if err := vm.addPlatformDevices(); err != nil {
+		return nil, err
+	}
+	for i := 0; i < cfg.CPUs; i++ {
+		c, err := vm.newVCPU(i, supported)
+		if err != nil {
+			return nil, err
+		}
+		vm.cpus = append(vm.cpus, c)
+	}
+	if err := setBootRegisters(vm.cpus[0].cpu, bsp); err != nil {
+		return nil, err
+	}
+	log.Debug("VM built", "elapsed", time.Since(start).Round(time.Microsecond))
+	return vm, nil
+}
+
+// checkInitrdFits rejects an initrd that cannot fit in the low RAM the
+// kernel may use for it, before any memory is reserved.
+func checkInitrdFits(k *boot.Kernel, size, memory uint64) error {
+	low := min(memory, guestmem.PCIHoleStart)
+	limit := min(low, uint64(k.InitrdAddrMax)+1)
+	kernelEnd := uint64(0x100000) + max(uint64(k.InitSize), uint64(len(k.Payload)))
+	if kernelEnd >= limit || size > limit-kernelEnd {
+		return fmt.Errorf("initrd of %s does not fit in guest RAM below %#x next to the kernel (%s of room): give the VM more --memory or use a smaller initrd",
+			FormatSize(size), limit, FormatSize(limit-min(limit, kernelEnd)))
+	}
+	return nil
+}
+
+// addPlatformDevices wires the UART, the i8042 reset line and the catch-all
+// for unclaimed accesses.
+func (vm *VM) addPlatformDevices() error {
+	vm.unhandledPIO = platform.NewUnhandled(vm.log, "port I/O")
+	vm.unhandledMMIO = platform.NewUnhandled(vm.log, "MMIO")
+
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return fmt.Errorf("serial IRQ: eventfd: %w", err)
+	}
+	vm.serialEvent = efd
+	if err := vm.vm.IRQFD(efd, serialIRQ, -1); err != nil {
+		return fmt.Errorf("serial IRQ %d: %w", serialIRQ, err)
+	}
+	one := []byte{1, 0, 0, 0, 0, 0, 0, 0}
+	vm.serial = platform.NewSerial(vm.cfg.Stdout, func() {
+		// An irqfd write is an edge on GSI 4: what an ISA UART does.
+		_, _ = unix.Write(efd, one)
+	})
+	if err := vm.pio.Register(serialBase, 8, "serial0", vm.serial); err != nil {
+		return err
+	}
+	if err := vm.pio.Register(platform.RTCIndexPort, platform.RTCSize, "cmos rtc", platform.NewRTC(nil)); err != nil {
+		return err
+	}
+	kbd := platform.NewI8042(func() { vm.stop(errGuestReset) })
+	if err := vm.pio.Register(i8042DataPort, 1, "i8042 data", kbd.DataPort()); err != nil {
+		return err
+	}
+	return vm.pio.Register(i8042CmdPort, 1, "i8042 command", kbd.CommandPort())
+}
+
+// newVCPU creates vCPU index with its CPUID, MSRs and local interrupt
+// pins. Only the BSP gets boot registers; the APs wait for INIT/SIPI from
+// the guest in the in-kernel LAPIC.
+func (vm *VM) newVCPU(index int, supported []uapi.CPUIDEntry) (*vcpu, error) {
+	c, err := vm.vm.CreateVCPU(index)
+	if err != nil {
+		return nil, err
+	}
+	v := &vcpu{index: index, hostCPU: vm.place.vcpuCPUs[index], cpu: c, run: c.RunData(), vm: vm}
+	if err := c.SetCPUID2(guestCPUID(supported, index, vm.cfg.CPUs)); err != nil {
+		return v, fmt.Errorf("vCPU %d: %w", index, err)
+	}
+	if err := c.SetMSRs(bootMSRs()); err != nil {
+		return v, fmt.Errorf("vCPU %d: %w", index, err)
+	}
+	if err := setLocalInterruptPins(c); err != nil {
+		return v, fmt.Errorf("vCPU %d: %w", index, err)
+	}
+	return v, nil
+}
+
+// setBootRegisters puts the BSP at the kernel's 64-bit entry point.
+func setBootRegisters(c *uapi.VCPU, st boot.CPUState) error {
+	sregs, err := c.GetSregs()
+	if err != nil {
+		return err
+	}
+	seg := func(s boot.Segment) uapi.Segment {
+		return uapi.Segment{Base: s.Base, Limit: s.Limit, Selector: s.Selector, Type: s.Type,
+			Present: s.Present, DPL: s.DPL, DB: s.DB, S: s.S, L: s.L, G: s.G}
+	}
+	sregs.CS, sregs.DS, sregs.ES, sregs.FS = seg(st.CS), seg(st.DS), seg(st.ES), seg(st.FS)
+	sregs.GS, sregs.SS, sregs.TR, sregs.LDT = seg(st.GS), seg(st.SS), seg(st.TR), seg(st.LDT)
+	sregs.GDT = uapi.DTable{Base: st.GDTBase, Limit: st.GDTLimit}
+	sregs.IDT = uapi.DTable{Base: st.IDTBase, Limit: st.IDTLimit}
+	sregs.CR0, sregs.CR3, sregs.CR4, sregs.EFER = st.CR0, st.CR3, st.CR4, st.EFER
+	if err := c.SetSregs(sregs); err != nil {
+		return err
+	}
+	if err := c.SetRegs(uapi.Regs{RIP: st.RIP, RSP: st.RSP, RSI: st.RSI, RFLAGS: st.RFLAGS}); err != nil {
+		return err
+	}
+	return c.SetFPU(uapi.FPU{FCW: 0x37f, MXCSR: 0x1f80})
+}
+
+// Run runs the guest until it resets or powers off (nil), fails (an error
+// naming the reason), or ctx is done (ctx's error). A VM runs once.
+func (vm *VM) Run(ctx context.Context) error {
+	if vm.ranAlready.Swap(true) {
+		return errors.New("vmm: VM already ran; create a new one")
+	}
+	var wg sync.WaitGroup
+	for _, c := range vm.cpus {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.loop(); err != nil {
+				vm.stop(err)
+			}
+		}()
+	}
+	if vm.cfg.Console == ConsoleSerial && vm.cfg.Stdin != nil {
+		go vm.feedSerial(vm.cfg.Stdin)
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		vm.stop(fmt.Errorf("%w: %w", errStopped, context.Cause(ctx)))
+		<-done
+	}
+	vm.logExits()
+	if !errors.Is(vm.reason, errGuestReset) && !errors.Is(vm.reason, errGuestPoweroff) {
+		vm.logVCPUState()
+	}
+	switch {
+	case errors.Is(vm.reason, errGuestReset):
+		vm.log.Info("guest reset: VM finished")
+		return nil
+	case errors.Is(vm.reason, errGuestPoweroff):
+		vm.log.Info("guest powered off: VM finished")
+		return nil
+	case errors.Is(vm.reason, errStopped):
+		return context.Cause(ctx)
+	}
+	return vm.reason
+}
+
+// stop records the first reason and kicks every vCPU out of the guest.
+func (vm *VM) stop(reason error) {
+	vm.stopOnce.Do(func() {
+		vm.reason = reason
+		vm.stopping.Store(true)
+		for _, c := range vm.cpus {
+			c.kick()
+		}
+	})
+}
+
+// noteFirstRun logs the time from process start to the BSP's first KVM_RUN.
+func (vm *VM) noteFirstRun() {
+	d := time.Since(vm.start)
+	vm.firstRun.Store(int64(d))
+	vm.log.Info("first KVM_RUN", "since_start", d.Round(time.Microsecond))
+}
+
+// FirstRunLatency is the time from Config.StartTime to the BSP's first
+// KVM_RUN; zero before Run got there.
+func (vm *VM) FirstRunLatency() time.Duration { return time.Duration(vm.firstRun.Load()) }
+
+// feedSerial copies console input to the UART until the reader ends.
+func (vm *VM) feedSerial(r io.Reader) {
+	buf := make([]byte, 256)
+	for !vm.stopping.Load() {
+		n, err := r.Read(buf)
+		if n > 0 {
+			vm.serial.Input(buf[:n])
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// ExitCounts returns the number of exits to userspace by KVM exit reason,
+// summed over all vCPUs. Call it after Run returned.
+func (vm *VM) ExitCounts() map[string]uint64 {
+	out := map[string]uint64{}
+	for _, c := range vm.cpus {
+		for r, n := range c.exits {
+			if n > 0 {
+				out[uapi.ExitReason(r).String()] += n
+			}
+		}
+	}
+	return out
+}
+
+// logVCPUState logs where each vCPU was when the VM stopped abnormally:
+// the first thing to look at when a guest hangs or fails.
+func (vm *VM) logVCPUState() {
+	for _, c := range vm.cpus {
+		regs, err := c.cpu.GetRegs()
+		if err != nil {
+			continue
+		}
+		sregs, _ := c.cpu.GetSregs()
+		vm.log.Info("vCPU state at stop", "vcpu", c.index, "rip", fmt.Sprintf("%#x", regs.RIP),
+			"rsp", fmt.Sprintf("%#x", regs.RSP), "rflags", fmt.Sprintf("%#x", regs.RFLAGS),
+			"cr0", fmt.Sprintf("%#x", sregs.CR0), "cr3", fmt.Sprintf("%#x", sregs.CR3), "efer", fmt.Sprintf("%#x", sregs.EFER))
+	}
+}
+
+func (vm *VM) logExits() {
+	attrs := []any{}
+	for k, v := range vm.ExitCounts() {
+		attrs = append(attrs, k, v)
+	}
+	vm.log.Info("userspace exits by reason", attrs...)
+}
+
+// Close releases everything the VM holds: vCPUs, the KVM VM, guest RAM
+// (and with it the hugepages), eventfds. It is safe to call more than once
+// and on a partly built VM.
+func (vm *VM) Close() error {
+	vm.closeOnce.Do(func() {
+		var errs []error
+		for _, c := range vm.cpus {
+			errs = append(errs, c.cpu.Close())
+		}
+		if vm.serialEvent >= 0 {
+			errs = append(errs, unix.Close(vm.serialEvent))
+		}
+		if vm.vm != nil {
+			errs = append(errs, vm.vm.Close())
+		}
+		if vm.mem != nil {
+			errs = append(errs, vm.mem.Close())
+		}
+		if vm.kvm != nil {
+			errs = append(errs, vm.kvm.Close())
+		}
+		vm.closeErr = errors.Join(errs...)
+	})
+	return vm.closeErr
+}
