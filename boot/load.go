@@ -226,6 +226,32 @@ func Load(mem Memory, p Params) (CPUState, error) {
 	return cpuState(loadAddr), nil
 }
 
+// Check runs Load's placement checks (kernel, initrd, command line, memory
+// map) for a guest with the given RAM without touching guest memory, so a
+// VMM can reject an initrd that cannot fit before it reserves any RAM.
+func Check(p Params, initrdSize uint64) error {
+	if p.Kernel == nil {
+		return fmt.Errorf("boot: check: no kernel: parse one with ParseBzImage")
+	}
+	lowEnd, err := validateRAM(p.RAM)
+	if err != nil {
+		return err
+	}
+	_, kernelEnd, err := placeKernel(p.Kernel, lowEnd)
+	if err != nil {
+		return err
+	}
+	if err := checkCmdline(p.Cmdline, p.Kernel.CmdlineSize); err != nil {
+		return err
+	}
+	if initrdSize > 0 {
+		if _, err := placeInitrd(initrdSize, p.Kernel.InitrdAddrMax, lowEnd, kernelEnd); err != nil {
+			return err
+		}
+	}
+	return validateMP(MPTableAddr, p.CPUs, p.MP)
+}
+
 // placeKernel picks the load address and returns it with the end of the
 // memory the kernel may touch before it reads the e820 map.
 func placeKernel(k *Kernel, lowEnd uint64) (load, end uint64, err error) {

@@ -374,3 +374,18 @@ func allZero(b []byte) bool {
 	}
 	return true
 }
+
+// TestCheckAgreesWithLoad shows Check rejects exactly what Load rejects for
+// placement, without needing guest memory.
+func TestCheckAgreesWithLoad(t *testing.T) {
+	k := synthKernel(t, nil)
+	ram := []RAMRange{{0, testRAM}}
+	for _, size := range []int{0, 4096, 50 << 20, 65 << 20} {
+		p := Params{Kernel: k, Initrd: initrdOf(size), RAM: ram, CPUs: 1}
+		_, loadErr := Load(newFakeMem(testRAM), p)
+		checkErr := Check(Params{Kernel: k, RAM: ram, CPUs: 1}, uint64(size))
+		assert.Equal(t, loadErr == nil, checkErr == nil, "initrd of %d bytes: Load %v, Check %v", size, loadErr, checkErr)
+	}
+	assert.ErrorContains(t, Check(Params{Kernel: k, RAM: []RAMRange{{0, 16 << 20}}, CPUs: 1}, 0), "kernel does not fit")
+	assert.ErrorContains(t, Check(Params{RAM: ram, CPUs: 1}, 0), "no kernel")
+}

@@ -128,9 +128,9 @@ func (c *Config) Validate() error {
 	case c.Memory == 0:
 		errs = append(errs, fieldErr("Memory", "no guest memory: pass --memory, e.g. 2G"))
 	case c.Memory < minMemory:
-		errs = append(errs, fieldErr("Memory", "%s is too small: a Linux guest needs at least %s", FormatSize(c.Memory), FormatSize(minMemory)))
+		errs = append(errs, fieldErr("Memory", "%s is too small: a Linux guest needs at least %s", guestmem.FormatSize(c.Memory), guestmem.FormatSize(minMemory)))
 	case page != 0 && c.Memory%uint64(page) != 0:
-		errs = append(errs, fieldErr("Memory", "%s is not a multiple of the %s page size: use a multiple (e.g. %s) or another --hugepages", FormatSize(c.Memory), page, FormatSize((c.Memory/uint64(page)+1)*uint64(page))))
+		errs = append(errs, fieldErr("Memory", "%s is not a multiple of the %s page size: use a multiple (e.g. %s) or another --hugepages", guestmem.FormatSize(c.Memory), page, guestmem.FormatSize((c.Memory/uint64(page)+1)*uint64(page))))
 	}
 	if c.NUMANode < NUMANodeAuto {
 		errs = append(errs, fieldErr("NUMANode", "node %d is not a node number", c.NUMANode))

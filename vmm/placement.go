@@ -89,7 +89,7 @@ func choosePlacement(cfg *Config, h *host.Host) (placement, error) {
 		pool, _ := node.Pool(uint64(page))
 		if pool.Free < need {
 			return p, fieldErr("Memory", "%s of guest RAM needs %d free %s hugepages on NUMA node %d, but %d are free (of %d reserved): raise the pool, e.g. echo %d > %s, or use --hugepages with another size",
-				FormatSize(cfg.Memory), need, page, p.node, pool.Free, pool.Total, pool.Total+need-pool.Free, host.NrHugepagesPath(p.node, uint64(page), node.PerNode))
+				guestmem.FormatSize(cfg.Memory), need, page, p.node, pool.Free, pool.Total, pool.Total+need-pool.Free, host.NrHugepagesPath(p.node, uint64(page), node.PerNode))
 		}
 	}
 	return p, nil

@@ -23,6 +23,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -124,9 +125,17 @@ func New(cfg Config) (_ *VM, err error) {
 		if initrd, err = os.ReadFile(cfg.Initrd); err != nil {
 			return nil, fieldErr("Initrd", "%v", err)
 		}
-		if err := checkInitrdFits(kernel, uint64(len(initrd)), cfg.Memory); err != nil {
-			return nil, fieldErr("Initrd", "%s: %v", cfg.Initrd, err)
+	}
+	var ram []boot.RAMRange
+	for _, r := range guestmem.Layout(cfg.Memory) {
+		ram = append(ram, boot.RAMRange{GPA: r.GPA, Size: r.Size})
+	}
+	if err := boot.Check(boot.Params{Kernel: kernel, Cmdline: cfg.Cmdline, RAM: ram, CPUs: cfg.CPUs}, uint64(len(initrd))); err != nil {
+		field := "Memory"
+		if len(initrd) > 0 && strings.Contains(err.Error(), "initrd") {
+			field = "Initrd"
 		}
+		return nil, fieldErr(field, "%v", err)
 	}
 
 	sysRoot, procRoot := cfg.SysfsRoot, cfg.ProcfsRoot
@@ -174,7 +183,7 @@ func New(cfg Config) (_ *VM, err error) {
 		return nil, fmt.Errorf("guest RAM: %w", err)
 	}
 	d, workers := vm.mem.PrefaultStats()
-	log.Info("guest RAM ready", "size", FormatSize(cfg.Memory), "page", cfg.pageSize().String(),
+	log.Info("guest RAM ready", "size", guestmem.FormatSize(cfg.Memory), "page", cfg.pageSize().String(),
 		"prefault", d.Round(time.Millisecond), "workers", workers, "setup", time.Since(memStart).Round(time.Millisecond))
 
 	if vm.vm, err = vm.kvm.CreateVM(); err != nil {
@@ -192,14 +201,12 @@ func New(cfg Config) (_ *VM, err error) {
 	if err := vm.vm.CreatePIT2(); err != nil {
 		return nil, err
 	}
-	var ram []boot.RAMRange
 	for i, r := range vm.mem.Regions() {
 		if err := vm.vm.SetUserMemoryRegion(uapi.UserspaceMemoryRegion{
 			Slot: uint32(i), GuestPhysAddr: r.GPA, Memory: r.Data,
 		}); err != nil {
 			return nil, err
 		}
-		ram = append(ram, boot.RAMRange{GPA: r.GPA, Size: r.Size()})
 	}
 
 	bsp, err := boot.Load(vm.mem, boot.Params{
@@ -223,19 +230,6 @@ func New(cfg Config) (_ *VM, err error) {
 	}
 	log.Debug("VM built", "elapsed", time.Since(start).Round(time.Microsecond))
 	return vm, nil
-}
-
-// checkInitrdFits rejects an initrd that cannot fit in the low RAM the
-// kernel may use for it, before any memory is reserved.
-func checkInitrdFits(k *boot.Kernel, size, memory uint64) error {
-	low := min(memory, guestmem.PCIHoleStart)
-	limit := min(low, uint64(k.InitrdAddrMax)+1)
-	kernelEnd := uint64(0x100000) + max(uint64(k.InitSize), uint64(len(k.Payload)))
-	if kernelEnd >= limit || size > limit-kernelEnd {
-		return fmt.Errorf("initrd of %s does not fit in guest RAM below %#x next to the kernel (%s of room): give the VM more --memory or use a smaller initrd",
-			FormatSize(size), limit, FormatSize(limit-min(limit, kernelEnd)))
-	}
-	return nil
 }
 
 // addPlatformDevices wires the UART, the i8042 reset line and the catch-all

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/hpcvmm/hpcvmm/vmm/guestmem"
+
 	"github.com/hpcvmm/hpcvmm/vmm/host"
 	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
@@ -98,12 +100,14 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	req := preflight.Request{GPUs: gpus, VFs: vfs, CPUs: *cpus, NUMANode: -1, KVMCheck: kvmCapabilityCheck}
 	var errs []error
 	var err error
-	if req.Memory, err = preflight.ParseSize(*memory); err != nil {
+	if req.Memory, err = guestmem.ParseSize(*memory); err != nil {
 		errs = append(errs, fmt.Errorf("--memory: %w", err))
 	} else if req.Memory == 0 {
 		errs = append(errs, errors.New("--memory: must be more than 0, e.g. 1G"))
 	}
-	if req.PageSize, err = preflight.ParsePageSize(*hugepages); err != nil {
+	page, err := guestmem.ParsePageSize(*hugepages)
+	req.PageSize = uint64(page)
+	if err != nil {
 		errs = append(errs, fmt.Errorf("--hugepages: %w", err))
 	}
 	if *cpus < 1 {

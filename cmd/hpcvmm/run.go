@@ -53,7 +53,7 @@ func newRunFlagSet(stderr io.Writer) (*flag.FlagSet, *runFlags) {
 func (f *runFlags) toConfig() (vmm.Config, error) {
 	cfg := f.cfg
 	var errs []error
-	mem, err := vmm.ParseSize(f.memory)
+	mem, err := guestmem.ParseSize(f.memory)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("--memory: %w", err))
 	}

@@ -39,7 +39,7 @@ func ParsePageSize(s string) (PageSize, error) {
 	case "4k", "4kib", "4kb", "none":
 		return Page4K, nil
 	}
-	return 0, fmt.Errorf("guestmem: page size %q: want one of 1G (1GiB), 2M (2MiB), 4K or none", s)
+	return 0, fmt.Errorf("page size %q: want 1G, 2M or none (4 KiB pages)", s)
 }
 
 // String returns the short form accepted by ParsePageSize ("1G", "2M", "4K").

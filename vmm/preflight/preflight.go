@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/hpcvmm/hpcvmm/vmm/guestmem"
+
 	"github.com/hpcvmm/hpcvmm/vmm/host"
 )
 
@@ -188,9 +190,9 @@ func ChooseNode(h *host.Host, req Request) (int, string, error) {
 		}
 	}
 	if ps == Page4K {
-		return best, fmt.Sprintf("most free memory (%s)", FormatSize(bestFree)), nil
+		return best, fmt.Sprintf("most free memory (%s)", guestmem.FormatSize(bestFree)), nil
 	}
-	return best, fmt.Sprintf("most free %s hugepages (%d)", FormatSize(ps), bestFree), nil
+	return best, fmt.Sprintf("most free %s hugepages (%d)", guestmem.FormatSize(ps), bestFree), nil
 }
 
 // Run performs every check for req against h. It never stops early: the
@@ -233,8 +235,8 @@ func (c *checker) request() {
 		c.add("request", "vm", Fail, "use --hugepages 1G, 2M or none", "page size %d is not 1G, 2M or 4K", c.req.PageSize)
 	}
 	if ps := c.req.pageSize(); c.req.Memory%ps != 0 && (ps == Page1G || ps == Page2M) {
-		c.add("request", "vm", Fail, fmt.Sprintf("use --memory %s", FormatSize(alignUp(c.req.Memory, ps))),
-			"memory %s is not a multiple of the %s page size", FormatSize(c.req.Memory), FormatSize(ps))
+		c.add("request", "vm", Fail, fmt.Sprintf("use --memory %s", guestmem.FormatSize(alignUp(c.req.Memory, ps))),
+			"memory %s is not a multiple of the %s page size", guestmem.FormatSize(c.req.Memory), guestmem.FormatSize(ps))
 	}
 	if c.req.CPUs < 0 {
 		c.add("request", "vm", Fail, "use --cpus 1 or more", "cpus %d is negative", c.req.CPUs)
@@ -566,7 +568,7 @@ func (c *checker) barSpace() {
 	}
 	fix := "pass fewer devices: these BARs do not fit below 2^" + fmt.Sprint(physBits) + " even with no RAM above 4 GiB"
 	if maxMem, ok := maxMemoryFitting(b64, limit); ok {
-		fix = fmt.Sprintf("use --memory %s or less, or pass fewer devices (the CPU's %d-bit physical address width is fixed)", FormatSize(maxMem), physBits)
+		fix = fmt.Sprintf("use --memory %s or less, or pass fewer devices (the CPU's %d-bit physical address width is fixed)", guestmem.FormatSize(maxMem), physBits)
 	}
 	c.add("bar-space", "vm", Fail, fix, "%d 64-bit BARs (%s) from %#x end at %#x: the guest needs %d physical address bits, the host has %d",
 		len(b64), humanSize(total64), start, end, need, physBits)
@@ -643,9 +645,9 @@ func (c *checker) memory(n host.Node) {
 		case n.MemFree == 0:
 			c.add("memory", subj, Pass, "", "free memory unknown; no hugepages requested")
 		case n.MemFree >= c.req.Memory:
-			c.add("memory", subj, Pass, "", "%s free for %s (4K pages)", FormatSize(n.MemFree), FormatSize(c.req.Memory))
+			c.add("memory", subj, Pass, "", "%s free for %s (4K pages)", guestmem.FormatSize(n.MemFree), guestmem.FormatSize(c.req.Memory))
 		default:
-			c.add("memory", subj, Warn, "use hugepages (--hugepages 1G) reserved on this node, or free memory", "%s free for %s: guest RAM will spill to other nodes or swap", FormatSize(n.MemFree), FormatSize(c.req.Memory))
+			c.add("memory", subj, Warn, "use hugepages (--hugepages 1G) reserved on this node, or free memory", "%s free for %s: guest RAM will spill to other nodes or swap", guestmem.FormatSize(n.MemFree), guestmem.FormatSize(c.req.Memory))
 		}
 		return
 	}
@@ -653,19 +655,19 @@ func (c *checker) memory(n host.Node) {
 	p, ok := n.Pool(ps)
 	path := host.NrHugepagesPath(n.ID, ps, n.PerNode)
 	if !ok {
-		fix := fmt.Sprintf("add hugepagesz=%s hugepages=%d to the kernel command line and reboot, or use --hugepages 2M", FormatSize(ps), need)
+		fix := fmt.Sprintf("add hugepagesz=%s hugepages=%d to the kernel command line and reboot, or use --hugepages 2M", guestmem.FormatSize(ps), need)
 		if ps == Page2M {
 			fix = fmt.Sprintf("add hugepagesz=2M hugepages=%d to the kernel command line and reboot, or use --hugepages none", need)
 		}
-		c.add("hugepages", subj, Fail, fix, "the kernel has no %s hugepage pool", FormatSize(ps))
+		c.add("hugepages", subj, Fail, fix, "the kernel has no %s hugepage pool", guestmem.FormatSize(ps))
 		return
 	}
 	if p.Free >= need {
-		c.add("hugepages", subj, Pass, "", "%d of %d free %s hugepages, VM needs %d", p.Free, p.Total, FormatSize(ps), need)
+		c.add("hugepages", subj, Pass, "", "%d of %d free %s hugepages, VM needs %d", p.Free, p.Total, guestmem.FormatSize(ps), need)
 		return
 	}
 	c.add("hugepages", subj, Fail, fmt.Sprintf("echo %d > %s", p.Total+(need-p.Free), path),
-		"%d free %s hugepages (%d reserved), VM needs %d", p.Free, FormatSize(ps), p.Total, need)
+		"%d free %s hugepages (%d reserved), VM needs %d", p.Free, guestmem.FormatSize(ps), p.Total, need)
 }
 
 func (c *checker) memlock() {
@@ -682,10 +684,10 @@ func (c *checker) memlock() {
 	case exempt:
 		c.add("memlock", "process", Pass, "", "running as root (CAP_IPC_LOCK): VFIO may pin all guest RAM")
 	case limit == math.MaxUint64 || limit >= c.req.Memory:
-		c.add("memlock", "process", Pass, "", "RLIMIT_MEMLOCK %s covers %s of guest RAM", memlockString(limit), FormatSize(c.req.Memory))
+		c.add("memlock", "process", Pass, "", "RLIMIT_MEMLOCK %s covers %s of guest RAM", memlockString(limit), guestmem.FormatSize(c.req.Memory))
 	default:
 		c.add("memlock", "process", Warn, fix, "RLIMIT_MEMLOCK is %s but VFIO pins all %s of guest RAM: DMA mapping will fail unless hpcvmm gains CAP_IPC_LOCK",
-			memlockString(limit), FormatSize(c.req.Memory))
+			memlockString(limit), guestmem.FormatSize(c.req.Memory))
 	}
 }
 
@@ -710,7 +712,7 @@ func memlockString(v uint64) string {
 	if v == math.MaxUint64 {
 		return "unlimited"
 	}
-	return FormatSize(v)
+	return guestmem.FormatSize(v)
 }
 
 func (c *checker) placement() {

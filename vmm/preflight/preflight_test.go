@@ -582,26 +582,6 @@ func TestReportOutput(t *testing.T) {
 	assert.Contains(t, b.String(), "0 failed: the VM can start")
 }
 
-func TestParseSize(t *testing.T) {
-	for in, want := range map[string]uint64{"4096": 4096, "512M": 512 * mib, "1G": gib, "1g": gib, "1GiB": gib, "2T": 2 << 40, "8K": 8 << 10, " 20G ": 20 * gib} {
-		got, err := preflight.ParseSize(in)
-		require.NoError(t, err, in)
-		assert.Equal(t, want, got, in)
-	}
-	for _, bad := range []string{"", "G", "1.5G", "-1G", "1X", "99999999999T"} {
-		_, err := preflight.ParseSize(bad)
-		assert.Error(t, err, bad)
-	}
-	for in, want := range map[string]uint64{"1G": preflight.Page1G, "2M": preflight.Page2M, "none": preflight.Page4K, "4K": preflight.Page4K} {
-		got, err := preflight.ParsePageSize(in)
-		require.NoError(t, err, in)
-		assert.Equal(t, want, got, in)
-	}
-	_, err := preflight.ParsePageSize("16M")
-	assert.ErrorContains(t, err, "want 1G, 2M or none")
-	assert.Equal(t, "1536M", preflight.FormatSize(1536*mib))
-}
-
 func TestStatusText(t *testing.T) {
 	for _, s := range []preflight.Status{preflight.Pass, preflight.Warn, preflight.Fail} {
 		b, err := s.MarshalText()
