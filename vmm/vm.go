@@ -48,8 +48,9 @@ const (
 	i8042CmdPort    = 0x64
 )
 
-// capsRequired are the KVM capabilities hpcvmm cannot run without.
-var capsRequired = []uapi.Cap{
+// RequiredKVMCaps are the KVM capabilities hpcvmm cannot run without; New
+// and `hpcvmm check` test for each.
+var RequiredKVMCaps = []uapi.Cap{
 	uapi.CapUserMemory, uapi.CapIRQChip, uapi.CapPIT2, uapi.CapExtCPUID,
 	uapi.CapIRQFD, uapi.CapIOEventFD, uapi.CapIRQRouting, uapi.CapSignalMSI,
 	uapi.CapSetTSSAddr, uapi.CapImmediateExit,
@@ -145,7 +146,11 @@ func New(cfg Config) (_ *VM, err error) {
 	if procRoot == "" {
 		procRoot = "/proc"
 	}
-	if vm.place, err = choosePlacement(&cfg, host.New(sysRoot, procRoot)); err != nil {
+	h := host.New(sysRoot, procRoot)
+	if err := checkKVMBackend(h); err != nil {
+		return nil, err
+	}
+	if vm.place, err = choosePlacement(&cfg, h); err != nil {
 		return nil, err
 	}
 	log.Info("placement", "numa_node", vm.place.node, "why", vm.place.why,
@@ -157,7 +162,7 @@ func New(cfg Config) (_ *VM, err error) {
 	if vm.kvm, err = uapi.OpenKVM(); err != nil {
 		return nil, err
 	}
-	if err := vm.kvm.RequireCaps(capsRequired...); err != nil {
+	if err := vm.kvm.RequireCaps(RequiredKVMCaps...); err != nil {
 		return nil, err
 	}
 	if maxCPUs, err := vm.kvm.CheckExtension(uapi.CapMaxVCPUs); err == nil && maxCPUs > 0 && cfg.CPUs > maxCPUs {
@@ -230,6 +235,18 @@ func New(cfg Config) (_ *VM, err error) {
 	}
 	log.Debug("VM built", "elapsed", time.Since(start).Round(time.Microsecond))
 	return vm, nil
+}
+
+// ErrPVM reports a KVM that cannot run stock guest kernels.
+var ErrPVM = errors.New("this host's /dev/kvm is provided by kvm_pvm (pagetable-based virtualization), which runs only guest kernels built for PVM; a stock kernel hangs at its first instruction: run hpcvmm on a host with hardware virtualization (kvm_intel or kvm_amd)")
+
+// checkKVMBackend refuses KVM backends that cannot run a stock kernel,
+// which would otherwise hang silently with no exit to explain it.
+func checkKVMBackend(h *host.Host) error {
+	if h.KVMBackend() == "kvm_pvm" {
+		return ErrPVM
+	}
+	return nil
 }
 
 // addPlatformDevices wires the UART, the i8042 reset line and the catch-all

@@ -51,6 +51,8 @@ type Layout struct {
 	CPUInfo string
 	// KVM is the KVM device node (/dev/kvm).
 	KVM string
+	// Modules is /sys/module: which KVM backend is loaded.
+	Modules string
 }
 
 // Host reads one host tree. The zero value is not usable; call New or
@@ -83,6 +85,7 @@ func StandardLayout(sysRoot, procRoot string) Layout {
 		Interrupts:           filepath.Join(procRoot, "interrupts"),
 		CPUInfo:              filepath.Join(procRoot, "cpuinfo"),
 		KVM:                  filepath.Join(filepath.Dir(sysRoot), "dev/kvm"),
+		Modules:              filepath.Join(sysRoot, "module"),
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -410,4 +411,14 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("MSI-X table size %d out of range", c.MSIX.TableSize)
 		}
 	})
+}
+
+func TestKVMBackend(t *testing.T) {
+	root := t.TempDir()
+	h := host.New(filepath.Join(root, "sys"), filepath.Join(root, "proc"))
+	assert.Equal(t, "", h.KVMBackend())
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "sys/module/kvm_pvm"), 0o755))
+	assert.Equal(t, "kvm_pvm", h.KVMBackend())
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "sys/module/kvm_amd"), 0o755))
+	assert.Equal(t, "kvm_amd", h.KVMBackend(), "a hardware backend wins")
 }

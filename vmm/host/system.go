@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -150,6 +151,22 @@ func (h *Host) CPUVendor() string {
 		k = strings.TrimSpace(k)
 		if k == "vendor_id" || strings.EqualFold(k, "Vendor ID") {
 			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// KVMBackend names the loaded KVM backend module: "kvm_intel" or
+// "kvm_amd" (hardware virtualization), "kvm_pvm" (pagetable-based
+// virtualization, which runs only guest kernels built for PVM), or "" when
+// none is known (no module directory, or KVM built into the kernel).
+func (h *Host) KVMBackend() string {
+	if h.Layout.Modules == "" {
+		return ""
+	}
+	for _, m := range []string{"kvm_intel", "kvm_amd", "kvm_pvm"} {
+		if exists(filepath.Join(h.Layout.Modules, m)) {
+			return m
 		}
 	}
 	return ""

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/hpcvmm/hpcvmm/uapi"
+	"github.com/hpcvmm/hpcvmm/vmm"
+	"github.com/hpcvmm/hpcvmm/vmm/host"
+	"github.com/hpcvmm/hpcvmm/vmm/preflight"
+)
+
+func init() { kvmCapabilityCheck = checkKVMCapabilities }
+
+// checkKVMCapabilities opens the KVM device and checks the API version, the
+// backend and every capability hpcvmm needs, one result per capability so
+// the table shows exactly what is missing.
+func checkKVMCapabilities(devPath string) []preflight.Result {
+	sys, err := uapi.OpenKVMPath(devPath)
+	if err != nil {
+		return []preflight.Result{{Name: "kvm", Subject: "host", Status: preflight.Fail,
+			Detail: err.Error(), Fix: "run as root or add the user to the kvm group"}}
+	}
+	defer sys.Close()
+	var out []preflight.Result
+	if host.New("/sys", "/proc").KVMBackend() == "kvm_pvm" {
+		out = append(out, preflight.Result{Name: "kvm", Subject: "backend", Status: preflight.Fail,
+			Detail: vmm.ErrPVM.Error(), Fix: "use a host with VT-x/AMD-V and kvm_intel or kvm_amd"})
+	}
+	if v, err := sys.APIVersion(); err != nil || v != uapi.APIVersion {
+		out = append(out, preflight.Result{Name: "kvm", Subject: "api", Status: preflight.Fail,
+			Detail: fmt.Sprintf("KVM_GET_API_VERSION = %d (%v), want %d", v, err, uapi.APIVersion), Fix: "upgrade the host kernel"})
+		return out
+	}
+	for _, c := range vmm.RequiredKVMCaps {
+		n, err := sys.CheckExtension(c)
+		r := preflight.Result{Name: "kvm-cap", Subject: c.String(), Status: preflight.Pass, Detail: "supported"}
+		if err != nil || n <= 0 {
+			r.Status, r.Detail, r.Fix = preflight.Fail, fmt.Sprintf("not supported (%v)", err), "upgrade the host kernel (hpcvmm needs Linux 5.10 or later)"
+		}
+		out = append(out, r)
+	}
+	return out
+}
