@@ -22,8 +22,14 @@ type ConsoleKind string
 // Console kinds. The 16550 UART always exists for early boot messages; the
 // kind decides which device hpcvmm's stdin is wired to.
 const (
+	// ConsoleVirtio wires stdin/stdout to a virtio-console (the guest's
+	// hvc0); the UART still prints early boot messages to stdout.
+	ConsoleVirtio ConsoleKind = "virtio"
+	// ConsoleSerial wires stdin/stdout to the 16550 UART (ttyS0).
 	ConsoleSerial ConsoleKind = "serial"
-	ConsoleNone   ConsoleKind = "none"
+	// ConsoleNone gives the guest no console input; the UART still
+	// prints to stdout.
+	ConsoleNone ConsoleKind = "none"
 )
 
 // Config describes one virtual machine. It is a plain struct: fill in the
@@ -53,6 +59,9 @@ type Config struct {
 	AllowCrossNUMA bool
 	// Console selects the interactive console device.
 	Console ConsoleKind
+	// ConsoleRows and ConsoleCols are the virtio console's initial size
+	// (0 = unknown); see (*VM).SetConsoleSize for changes.
+	ConsoleRows, ConsoleCols uint16
 	// Stdin feeds the interactive console; nil means no input.
 	Stdin io.Reader
 	// Stdout receives the guest's console output; nil means os.Stdout.
@@ -71,14 +80,14 @@ type Config struct {
 }
 
 // DefaultConfig returns a Config with hpcvmm's defaults: 1 vCPU, 1 GiB of
-// RAM on 1 GiB hugepages, NUMA node chosen automatically, serial console.
+// RAM on 1 GiB hugepages, NUMA node chosen automatically, virtio console.
 func DefaultConfig() Config {
 	return Config{
 		CPUs:      1,
 		Memory:    1 << 30,
 		HugePages: guestmem.Page1G,
 		NUMANode:  NUMANodeAuto,
-		Console:   ConsoleSerial,
+		Console:   ConsoleVirtio,
 	}
 }
 
@@ -146,9 +155,9 @@ func (c *Config) Validate() error {
 		seen[cpu] = true
 	}
 	switch c.Console {
-	case "", ConsoleSerial, ConsoleNone:
+	case "", ConsoleVirtio, ConsoleSerial, ConsoleNone:
 	default:
-		errs = append(errs, fieldErr("Console", "unknown console %q: use serial or none", c.Console))
+		errs = append(errs, fieldErr("Console", "unknown console %q: use virtio, serial or none", c.Console))
 	}
 	return errors.Join(errs...)
 }

@@ -32,9 +32,12 @@ import (
 
 	"github.com/hpcvmm/hpcvmm/boot"
 	"github.com/hpcvmm/hpcvmm/uapi"
+	"github.com/hpcvmm/hpcvmm/virtio/console"
+	"github.com/hpcvmm/hpcvmm/virtio/transport"
 	"github.com/hpcvmm/hpcvmm/vmm/bus"
 	"github.com/hpcvmm/hpcvmm/vmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/vmm/host"
+	"github.com/hpcvmm/hpcvmm/vmm/pci"
 	"github.com/hpcvmm/hpcvmm/vmm/platform"
 )
 
@@ -72,6 +75,10 @@ type VM struct {
 	unhandledPIO, unhandledMMIO *platform.Unhandled
 	serial                      *platform.Serial
 	serialEvent                 int // eventfd wired to GSI 4 by KVM_IRQFD
+	irq                         *irqRouter
+	pci                         *pci.Root
+	console                     *console.Console
+	transports                  []*transport.Transport
 
 	stopping atomic.Bool
 	stopOnce sync.Once
@@ -100,7 +107,7 @@ func New(cfg Config) (_ *VM, err error) {
 		cfg.Stdout = os.Stdout
 	}
 	if cfg.Console == "" {
-		cfg.Console = ConsoleSerial
+		cfg.Console = ConsoleVirtio
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -222,6 +229,9 @@ func New(cfg Config) (_ *VM, err error) {
 	}
 	if err := vm.addPlatformDevices(); err != nil {
 		return nil, err
+	}
+	if err := vm.addPCI(physAddrBits(supported)); err != nil {
+		return nil, fmt.Errorf("PCI: %w", err)
 	}
 	for i := 0; i < cfg.CPUs; i++ {
 		c, err := vm.newVCPU(i, supported)
@@ -449,6 +459,7 @@ func (vm *VM) logExits() {
 func (vm *VM) Close() error {
 	vm.closeOnce.Do(func() {
 		var errs []error
+		errs = append(errs, vm.closeDevices())
 		for _, c := range vm.cpus {
 			errs = append(errs, c.cpu.Close())
 		}

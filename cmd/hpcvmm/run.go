@@ -44,7 +44,7 @@ func newRunFlagSet(stderr io.Writer) (*flag.FlagSet, *runFlags) {
 	fs.StringVar(&f.numaNode, "numa-node", "auto", "host NUMA node for guest RAM and vCPUs (default: node of the first passthrough device, else the node with the most free hugepages)")
 	fs.StringVar(&f.cpuList, "cpu-list", "", "exact host CPUs for the vCPUs, e.g. 4-7 or 4,6,8")
 	fs.BoolVar(&f.cfg.AllowCrossNUMA, "allow-cross-numa", false, "allow a --cpu-list that spans NUMA nodes")
-	fs.StringVar(&f.console, "console", "serial", "interactive console: serial or none")
+	fs.StringVar(&f.console, "console", "virtio", "interactive console: virtio (guest hvc0), serial (guest ttyS0) or none; the UART always prints early boot messages")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return fs, f
 }
@@ -151,10 +151,11 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 	}()
 
-	if cfg.Console == vmm.ConsoleSerial {
+	if cfg.Console == vmm.ConsoleSerial || cfg.Console == vmm.ConsoleVirtio {
 		in, restore := consoleInput(stdin, func() { cancel(errors.New("console escape Ctrl-A x")) }, log)
 		defer restore()
 		cfg.Stdin = in
+		cfg.ConsoleRows, cfg.ConsoleCols = terminalSize(stdout)
 	}
 
 	vm, err := vmm.New(cfg)
@@ -164,6 +165,10 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return 2
 		}
 		return 1
+	}
+	if cfg.Console == vmm.ConsoleVirtio {
+		stopResize := forwardResizes(stdout, vm)
+		defer stopResize()
 	}
 	runErr := vm.Run(ctx)
 	closeErr := vm.Close()
@@ -236,4 +241,39 @@ func (e *escapeReader) Read(p []byte) (int, error) {
 		out = append(out, b)
 	}
 	return len(out), err
+}
+
+// terminalSize returns the rows and columns of out when it is a terminal,
+// else zeros (unknown).
+func terminalSize(out io.Writer) (rows, cols uint16) {
+	f, ok := out.(*os.File)
+	if !ok {
+		return 0, 0
+	}
+	ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ)
+	if err != nil {
+		return 0, 0
+	}
+	return ws.Row, ws.Col
+}
+
+// forwardResizes passes terminal size changes (SIGWINCH) to the guest's
+// virtio console until the returned func is called.
+func forwardResizes(out io.Writer, vm *vmm.VM) (stop func()) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGWINCH)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-ch:
+				if r, c := terminalSize(out); r != 0 {
+					vm.SetConsoleSize(r, c)
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { signal.Stop(ch); close(done) }
 }

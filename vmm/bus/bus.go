@@ -1,9 +1,10 @@
 // Package bus dispatches guest port-I/O and MMIO accesses to the device that
 // owns the address.
 //
-// A Bus is built once while the VM is assembled and then only read from the
-// vCPU exit path, so lookups take no lock and allocate nothing: ranges are kept
-// sorted and found by binary search. Addresses no device claims are reported
+// Lookups run on every vCPU exit, so they take no lock and allocate nothing:
+// the ranges are an immutable sorted slice found by binary search, replaced
+// copy-on-write when a device is added or the guest moves a PCI BAR (rare,
+// and possibly on another vCPU's thread while this one dispatches). Addresses no device claims are reported
 // to the caller, which decides what an unhandled access means (reads return
 // all ones on x86).
 package bus
@@ -11,6 +12,8 @@ package bus
 import (
 	"fmt"
 	"sort"
+	"sync"
+	"sync/atomic"
 )
 
 // Device is the guest-visible behaviour behind one registered address range.
@@ -34,10 +37,19 @@ type Range struct {
 // End returns the first address after the range.
 func (r Range) End() uint64 { return r.Base + r.Size }
 
-// Bus maps address ranges to devices. The zero value is an empty bus.
-// Register must not be called concurrently with Read or Write.
+// Bus maps address ranges to devices. The zero value is an empty bus. All
+// methods are safe for concurrent use.
 type Bus struct {
-	ranges []Range // sorted by Base, non-overlapping
+	mu     sync.Mutex              // serialises Register/Unregister
+	ranges atomic.Pointer[[]Range] // sorted by Base, non-overlapping; never mutated once stored
+}
+
+// snapshot returns the current ranges; callers must not modify them.
+func (b *Bus) snapshot() []Range {
+	if p := b.ranges.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // Register claims [base, base+size) for dev. Overlapping an existing range or
@@ -50,30 +62,38 @@ func (b *Bus) Register(base, size uint64, name string, dev Device) error {
 	if base+size < base {
 		return fmt.Errorf("bus: register %s: range %#x+%#x wraps the address space", name, base, size)
 	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cur := b.snapshot()
 	r := Range{Base: base, Size: size, Name: name, Device: dev}
-	i := sort.Search(len(b.ranges), func(i int) bool { return b.ranges[i].Base >= base })
-	if i > 0 && b.ranges[i-1].End() > base {
-		p := b.ranges[i-1]
+	i := sort.Search(len(cur), func(i int) bool { return cur[i].Base >= base })
+	if i > 0 && cur[i-1].End() > base {
+		p := cur[i-1]
 		return fmt.Errorf("bus: register %s at %#x-%#x: overlaps %s at %#x-%#x", name, base, r.End()-1, p.Name, p.Base, p.End()-1)
 	}
-	if i < len(b.ranges) && b.ranges[i].Base < r.End() {
-		n := b.ranges[i]
+	if i < len(cur) && cur[i].Base < r.End() {
+		n := cur[i]
 		return fmt.Errorf("bus: register %s at %#x-%#x: overlaps %s at %#x-%#x", name, base, r.End()-1, n.Name, n.Base, n.End()-1)
 	}
-	b.ranges = append(b.ranges, Range{})
-	copy(b.ranges[i+1:], b.ranges[i:])
-	b.ranges[i] = r
+	next := make([]Range, 0, len(cur)+1)
+	next = append(append(append(next, cur[:i]...), r), cur[i:]...)
+	b.ranges.Store(&next)
 	return nil
 }
 
 // Unregister removes the range that starts at base, reporting whether one
 // was there. Used when the guest moves a PCI BAR.
 func (b *Bus) Unregister(base uint64) bool {
-	i := sort.Search(len(b.ranges), func(i int) bool { return b.ranges[i].Base >= base })
-	if i == len(b.ranges) || b.ranges[i].Base != base {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cur := b.snapshot()
+	i := sort.Search(len(cur), func(i int) bool { return cur[i].Base >= base })
+	if i == len(cur) || cur[i].Base != base {
 		return false
 	}
-	b.ranges = append(b.ranges[:i], b.ranges[i+1:]...)
+	next := make([]Range, 0, len(cur)-1)
+	next = append(append(next, cur[:i]...), cur[i+1:]...)
+	b.ranges.Store(&next)
 	return true
 }
 
@@ -81,19 +101,20 @@ func (b *Bus) Unregister(base uint64) bool {
 func (b *Bus) find(addr uint64, n int) (*Range, bool) {
 	// Hand-written binary search: sort.Search takes a closure, which would
 	// escape and allocate on this per-exit path.
-	lo, hi := 0, len(b.ranges)
+	ranges := b.snapshot()
+	lo, hi := 0, len(ranges)
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
-		if b.ranges[mid].End() <= addr {
+		if ranges[mid].End() <= addr {
 			lo = mid + 1
 		} else {
 			hi = mid
 		}
 	}
-	if lo == len(b.ranges) {
+	if lo == len(ranges) {
 		return nil, false
 	}
-	r := &b.ranges[lo]
+	r := &ranges[lo]
 	if addr < r.Base || addr+uint64(n) > r.End() || addr+uint64(n) < addr {
 		return nil, false
 	}
@@ -124,4 +145,4 @@ func (b *Bus) Write(addr uint64, data []byte) bool {
 
 // Ranges returns a copy of the registered ranges in address order, for
 // diagnostics.
-func (b *Bus) Ranges() []Range { return append([]Range(nil), b.ranges...) }
+func (b *Bus) Ranges() []Range { return append([]Range(nil), b.snapshot()...) }

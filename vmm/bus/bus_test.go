@@ -64,3 +64,32 @@ func BenchmarkDispatch(b *testing.B) {
 		bs.Write(0x1f08, data)
 	}
 }
+
+// TestConcurrentRegisterAndDispatch moves a range while other goroutines
+// dispatch, as a guest reprogramming a BAR on one vCPU while another vCPU
+// exits does. Run with -race.
+func TestConcurrentRegisterAndDispatch(t *testing.T) {
+	var b Bus
+	require.NoError(t, b.Register(0x1000, 0x100, "fixed", &recorder{}))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 2000; i++ {
+			base := uint64(0x10000 + (i%4)*0x1000)
+			if b.Register(base, 0x100, "moving", &recorder{}) == nil {
+				b.Unregister(base)
+			}
+		}
+	}()
+	data := make([]byte, 4)
+	for {
+		select {
+		case <-done:
+			assert.True(t, b.Read(0x1010, data), "the fixed range stays reachable")
+			return
+		default:
+			require.True(t, b.Read(0x1010, data))
+			b.Write(0x10010, data)
+		}
+	}
+}

@@ -1,0 +1,117 @@
+package vmm
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/hpcvmm/hpcvmm/uapi"
+)
+
+// The in-kernel IOAPIC has 24 pins; GSIs above them are free for MSI routes.
+const (
+	ioapicPins = 24
+	picPins    = 16
+	maxGSI     = 4096 // KVM_MAX_IRQ_ROUTES on x86
+)
+
+// irqRouter owns the VM's GSI routing table. KVM_SET_GSI_ROUTING replaces
+// the whole table on every call, so every route the VM has — the default
+// PIC/IOAPIC pins and each device's MSI routes — lives here and is sent
+// again on each change. It implements pci.InterruptRouter and pci.Notifier
+// for the device models, which then deliver interrupts by irqfd and take
+// doorbells by ioeventfd without the VMM on the data path. Changes are rare
+// (the guest programming an MSI-X vector), so a mutex is fine.
+type irqRouter struct {
+	vm      *uapi.VM
+	mu      sync.Mutex
+	nextGSI uint32
+	msi     map[uint32]uapi.IRQRoutingEntry // GSI -> MSI route
+}
+
+func newIRQRouter(vm *uapi.VM) *irqRouter {
+	return &irqRouter{vm: vm, nextGSI: ioapicPins, msi: map[uint32]uapi.IRQRoutingEntry{}}
+}
+
+// defaultRoutes reproduces the routing KVM_CREATE_IRQCHIP installs: GSIs
+// 0-15 to both PICs and the IOAPIC, 16-23 to the IOAPIC only. Replacing the
+// table without them would disconnect the PIT and the UART.
+func defaultRoutes() []uapi.IRQRoutingEntry {
+	out := make([]uapi.IRQRoutingEntry, 0, picPins+ioapicPins)
+	for gsi := uint32(0); gsi < ioapicPins; gsi++ {
+		if gsi < picPins {
+			chip := uint32(uapi.IRQChipPICMaster)
+			if gsi >= 8 {
+				chip = uapi.IRQChipPICSlave
+			}
+			e := uapi.IRQRoutingEntry{GSI: gsi, Type: uapi.IRQRoutingIRQChip}
+			e.IRQChip.Chip, e.IRQChip.Pin = chip, gsi%8
+			out = append(out, e)
+		}
+		e := uapi.IRQRoutingEntry{GSI: gsi, Type: uapi.IRQRoutingIRQChip}
+		e.IRQChip.Chip, e.IRQChip.Pin = uapi.IRQChipIOAPIC, gsi
+		out = append(out, e)
+	}
+	return out
+}
+
+// AllocGSI reserves a GSI for an MSI route.
+func (r *irqRouter) AllocGSI() (uint32, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.nextGSI >= maxGSI {
+		return 0, fmt.Errorf("irq routing: all %d GSIs in use", maxGSI)
+	}
+	g := r.nextGSI
+	r.nextGSI++
+	return g, nil
+}
+
+// SetMSIRoute points gsi at an MSI message and pushes the table to KVM.
+func (r *irqRouter) SetMSIRoute(gsi uint32, addrLo, addrHi, data uint32) error {
+	if gsi < ioapicPins || gsi >= maxGSI {
+		return fmt.Errorf("irq routing: GSI %d is not an MSI GSI", gsi)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e := uapi.IRQRoutingEntry{GSI: gsi, Type: uapi.IRQRoutingMSI}
+	e.MSI.AddressLo, e.MSI.AddressHi, e.MSI.Data = addrLo, addrHi, data
+	r.msi[gsi] = e
+	return r.pushLocked()
+}
+
+func (r *irqRouter) pushLocked() error {
+	table := defaultRoutes()
+	for _, e := range r.msi {
+		table = append(table, e)
+	}
+	return r.vm.SetGSIRouting(table)
+}
+
+// AssignIRQFD makes a write to eventFD inject gsi.
+func (r *irqRouter) AssignIRQFD(eventFD int, gsi uint32) error { return r.vm.IRQFD(eventFD, gsi, -1) }
+
+// DeassignIRQFD undoes AssignIRQFD.
+func (r *irqRouter) DeassignIRQFD(eventFD int, gsi uint32) error {
+	return r.vm.IRQFDDeassign(eventFD, gsi)
+}
+
+// RegisterIOEventFD binds guest MMIO writes at addr to eventFD inside KVM.
+func (r *irqRouter) RegisterIOEventFD(addr uint64, length uint32, eventFD int, datamatch uint64, useDatamatch bool) error {
+	return r.vm.IOEventFD(ioevent(addr, length, eventFD, datamatch, useDatamatch, false))
+}
+
+// UnregisterIOEventFD removes a binding made by RegisterIOEventFD.
+func (r *irqRouter) UnregisterIOEventFD(addr uint64, length uint32, eventFD int, datamatch uint64, useDatamatch bool) error {
+	return r.vm.IOEventFD(ioevent(addr, length, eventFD, datamatch, useDatamatch, true))
+}
+
+func ioevent(addr uint64, length uint32, fd int, datamatch uint64, useDatamatch, deassign bool) uapi.IOEventFD {
+	e := uapi.IOEventFD{Addr: addr, Len: length, FD: fd, Datamatch: datamatch}
+	if useDatamatch {
+		e.Flags |= uapi.IOEventFDFlagDatamatch
+	}
+	if deassign {
+		e.Flags |= uapi.IOEventFDFlagDeassign
+	}
+	return e
+}
