@@ -2,10 +2,10 @@ package main
 
 import (
 	"fmt"
+	"os"
 
 	"github.com/hpcvmm/hpcvmm/uapi"
 	"github.com/hpcvmm/hpcvmm/vmm"
-	"github.com/hpcvmm/hpcvmm/vmm/host"
 	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
 
@@ -15,6 +15,12 @@ func init() { kvmCapabilityCheck = checkKVMCapabilities }
 // backend and every capability hpcvmm needs, one result per capability so
 // the table shows exactly what is missing.
 func checkKVMCapabilities(devPath string) []preflight.Result {
+	if fi, err := os.Stat(devPath); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		// A host tree captured or built for tests: there is no KVM to ask.
+		return []preflight.Result{{Name: "kvm-cap", Subject: "host", Status: preflight.Warn,
+			Detail: fmt.Sprintf("%s is not a character device: capabilities not checked", devPath),
+			Fix: "run hpcvmm check on the host itself"}}
+	}
 	sys, err := uapi.OpenKVMPath(devPath)
 	if err != nil {
 		return []preflight.Result{{Name: "kvm", Subject: "host", Status: preflight.Fail,
@@ -22,10 +28,6 @@ func checkKVMCapabilities(devPath string) []preflight.Result {
 	}
 	defer sys.Close()
 	var out []preflight.Result
-	if host.New("/sys", "/proc").KVMBackend() == "kvm_pvm" {
-		out = append(out, preflight.Result{Name: "kvm", Subject: "backend", Status: preflight.Fail,
-			Detail: vmm.ErrPVM.Error(), Fix: "use a host with VT-x/AMD-V and kvm_intel or kvm_amd"})
-	}
 	if v, err := sys.APIVersion(); err != nil || v != uapi.APIVersion {
 		out = append(out, preflight.Result{Name: "kvm", Subject: "api", Status: preflight.Fail,
 			Detail: fmt.Sprintf("KVM_GET_API_VERSION = %d (%v), want %d", v, err, uapi.APIVersion), Fix: "upgrade the host kernel"})

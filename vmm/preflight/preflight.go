@@ -258,6 +258,10 @@ func (c *checker) kvm() {
 		return
 	}
 	c.add("kvm", "host", Pass, "", "%s present", p)
+	if c.h.KVMBackend() == "kvm_pvm" {
+		c.add("kvm", "backend", Fail, "use a host with VT-x/AMD-V and kvm_intel or kvm_amd",
+			"KVM is provided by kvm_pvm (pagetable-based virtualization), which runs only guest kernels built for PVM: a stock kernel hangs")
+	}
 	if c.req.KVMCheck != nil {
 		c.rep.Results = append(c.rep.Results, c.req.KVMCheck(p)...)
 	}

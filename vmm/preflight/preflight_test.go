@@ -152,6 +152,20 @@ func TestKVM(t *testing.T) {
 	assert.False(t, has(r, "kvm-cap"))
 }
 
+func TestKVMBackendPVMFails(t *testing.T) {
+	tr, h := goodHost(t)
+	for _, x := range preflight.Run(h, goodRequest()).Results {
+		assert.False(t, x.Name == "kvm" && x.Subject == "backend", "no backend row for a hardware KVM: %+v", x)
+	}
+	tr.Write("sys/module/kvm_pvm/parameters/nested_pvm", "Y")
+	r := preflight.Run(h, goodRequest())
+	x := find(t, r, "kvm", "backend")
+	assert.Equal(t, preflight.Fail, x.Status)
+	assert.Contains(t, x.Detail, "kvm_pvm")
+	assert.Contains(t, x.Fix, "kvm_intel or kvm_amd")
+	assert.False(t, r.OK())
+}
+
 func TestIOMMUOff(t *testing.T) {
 	tr, h := goodHost(t)
 	tr.Remove("sys/kernel/iommu_groups")
