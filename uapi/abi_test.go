@@ -337,6 +337,7 @@ func abiItems() []abiItem {
 		}
 	}
 	sort.Slice(named, func(i, j int) bool { return named[i].c < named[j].c })
+	items = append(items, vfioABIItems()...)
 	return append(items, named...)
 }
 
@@ -347,7 +348,7 @@ func TestABIConformance(t *testing.T) {
 	if err != nil {
 		t.Skip("gcc not found: cannot compile the C side of the ABI check")
 	}
-	for _, h := range []string{"/usr/include/linux/kvm.h", "/usr/include/linux/mempolicy.h"} {
+	for _, h := range []string{"/usr/include/linux/kvm.h", "/usr/include/linux/mempolicy.h", "/usr/include/linux/vfio.h"} {
 		if _, err := os.Stat(h); err != nil {
 			t.Skipf("kernel uapi header missing (%v): install linux-libc-dev", err)
 		}
@@ -355,7 +356,7 @@ func TestABIConformance(t *testing.T) {
 	items := abiItems()
 
 	var src bytes.Buffer
-	src.WriteString("#include <stddef.h>\n#include <stdio.h>\n#include <linux/kvm.h>\n#include <linux/mempolicy.h>\n\nint main(void) {\n")
+	src.WriteString("#include <stddef.h>\n#include <stdio.h>\n#include <linux/kvm.h>\n#include <linux/mempolicy.h>\n#include <linux/vfio.h>\n\nint main(void) {\n")
 	for i, it := range items {
 		fmt.Fprintf(&src, "\tprintf(\"%d %%llu\\n\", (unsigned long long)(%s));\n", i, it.c)
 	}

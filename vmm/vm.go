@@ -451,6 +451,7 @@ func (vm *VM) logExits() {
 		attrs = append(attrs, k, v)
 	}
 	vm.log.Info("userspace exits by reason", attrs...)
+	vm.log.Info("virtqueue doorbells that exited to hpcvmm instead of their ioeventfd", "notify_exits", vm.NotifyExits())
 }
 
 // Close releases everything the VM holds: vCPUs, the KVM VM, guest RAM

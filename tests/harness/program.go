@@ -1,0 +1,279 @@
+package harness
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// l1Program is where RunL1Program puts the program it runs inside L1; L1's
+// /init runs it instead of the integration test binary when the run
+// configuration names it (HPCVMM_PROGRAM).
+const l1Program = "/hpcvmm/program"
+
+// ProfileBench is the L1 of the benchmark suite (tests/bench): two vCPUs so
+// parallel prefault has more than one CPU to scale to (testbed.md saw no
+// hang with L1 -smp 2 and 1-vCPU L2 guests, which is all the suite boots),
+// both hugepage sizes reserved at boot (two 1 GiB pages, 1 GiB of 2 MiB
+// pages), debugfs for KVM's per-VM statistics, and enough ordinary memory
+// for a 1 GiB 4 KiB-page prefault next to a 512 MiB L2.
+//
+// Memory: 7G puts 2 GiB below the 32-bit PCI hole and 5 GiB above it, so
+// both 1 GiB pages find an aligned home; 3 GiB go to the pools and about
+// 4 GiB stay ordinary. QEMU under TCG allocates L1's RAM lazily: the host
+// pays only for what the benchmarks touch.
+var ProfileBench = Profile{
+	Name:    "bench",
+	Machine: "q35",
+	Memory:  "7G",
+	CPUs:    2,
+	Cmdline: []string{"hugepagesz=1G", "hugepages=2", "hugepagesz=2M", "hugepages=512"},
+	Setup: `g=$(cat /sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages)
+m=$(cat /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages)
+echo "bench profile: $g 1 GiB and $m 2 MiB hugepages"
+mkdir -p /sys/kernel/debug
+mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null || echo "bench profile: debugfs did not mount; KVM exit statistics will be missing"`,
+}
+
+// L1Program describes a program other than the integration test binary —
+// the benchmark suite, for instance — to run inside one L1 boot. L1's /init
+// prepares L1 as for the scenarios (modules, /dev/kvm, the profile's setup,
+// HPCVMM_TEST_* variables naming hpcvmm and the L2 kernel and initramfs)
+// and then runs the program once instead of the test binary. The program
+// reports through the result port (HPCVMM_TEST_RESULTS, /dev/ttyS1) with
+// ResultPrefix records; its standard output lands on L1's console.
+type L1Program struct {
+	// Name names the L1 image (L1-NAME.cpio in the cache) and run directory.
+	Name string
+	// Profile is the L1 machine; its Setup is packed into the image.
+	Profile Profile
+	// Program is a static binary on this host; inside L1 it runs as
+	// /hpcvmm/program with no arguments.
+	Program string
+	// Extra adds more files to the L1 image (configuration, other VMMs).
+	Extra func(im *Image) error
+	// Timeout bounds the whole L1 boot; QEMU is killed when it passes.
+	Timeout time.Duration
+	// Progress, when non-nil, receives L1's console lines while L1 runs.
+	Progress io.Writer
+}
+
+// L1Artifacts are the pieces RunL1Program builds on this host.
+type L1Artifacts struct {
+	Kernel   Kernel // L1 and L2 kernel
+	HPCVMM   string // static hpcvmm
+	L2Initrd string // the L2 initramfs with tests/guest/init
+}
+
+// BuildL1Artifacts builds (or finds in the cache) the kernel, hpcvmm and
+// the L2 initramfs, for callers that also need them on the host.
+func BuildL1Artifacts() (L1Artifacts, error) {
+	var a L1Artifacts
+	root, cache, err := rootAndCache()
+	if err != nil {
+		return a, err
+	}
+	if a.Kernel, err = FindKernel(); err != nil {
+		return a, err
+	}
+	if a.HPCVMM, err = BuildHPCVMM(root, cache); err != nil {
+		return a, err
+	}
+	a.L2Initrd, err = BuildL2Initrd(root, cache, a.Kernel)
+	return a, err
+}
+
+// L1ProgramRun is one finished L1 boot of an L1Program.
+type L1ProgramRun struct {
+	Dir         string        // run directory: console log, result port file, QEMU command line
+	ConsolePath string        // L1's console (ttyS0)
+	ResultsPath string        // L1's result port (ttyS1)
+	Console     string        // content of ConsolePath
+	Results     *Results      // parsed result records
+	QEMUOutput  string        // QEMU's own stdout and stderr
+	Elapsed     time.Duration // QEMU start to exit
+	Hung        bool          // QEMU was killed at the timeout
+}
+
+// RunL1Program builds the L1 image for spec and boots it once. An error
+// means the boot could not be prepared or QEMU failed; a program that ran
+// and reported is not an error even if it failed (see Results.L1["exit"]).
+func RunL1Program(ctx context.Context, a L1Artifacts, spec L1Program) (*L1ProgramRun, error) {
+	if err := spec.Profile.Validate(); err != nil {
+		return nil, err
+	}
+	if spec.Name == "" || strings.ContainsAny(spec.Name, " /,:") {
+		return nil, fmt.Errorf("L1 program name %q: want a non-empty name without spaces, '/', ',' or ':'", spec.Name)
+	}
+	qemu, err := qemuPath()
+	if err != nil {
+		return nil, err
+	}
+	root, cache, err := rootAndCache()
+	if err != nil {
+		return nil, err
+	}
+	initrd, err := buildL1ProgramInitrd(root, cache, a, spec)
+	if err != nil {
+		return nil, err
+	}
+	runsDir := filepath.Join(cache, "runs")
+	pruneOldRuns(runsDir, 24*time.Hour)
+	if err := os.MkdirAll(runsDir, 0o755); err != nil {
+		return nil, err
+	}
+	r := &L1ProgramRun{}
+	if r.Dir, err = os.MkdirTemp(runsDir, spec.Name+"-"); err != nil {
+		return nil, err
+	}
+	r.ConsolePath = filepath.Join(r.Dir, "l1-console.log")
+	r.ResultsPath = filepath.Join(r.Dir, "results.txt")
+	timeout := spec.Timeout
+	if timeout <= 0 {
+		timeout = defaultL1Timeout
+	}
+	cfg := programRunConfig(l1Program, timeout)
+	b := L1Boot{QEMU: qemu, Kernel: a.Kernel.Image, Initrd: initrd, ConsolePath: r.ConsolePath, ResultsPath: r.ResultsPath}
+	args, err := spec.Profile.QEMUArgs(b, base64.StdEncoding.EncodeToString([]byte(cfg)))
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(r.Dir, "qemu.cmdline"), []byte(shellJoin(append([]string{qemu}, args...))+"\n"), 0o644); err != nil {
+		return nil, err
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, qemu, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting %s: %w", qemu, err)
+	}
+	stopTail := make(chan struct{})
+	tailDone := make(chan struct{})
+	go func() {
+		defer close(tailDone)
+		if spec.Progress != nil {
+			followFile(r.ConsolePath, spec.Progress, stopTail)
+		}
+	}()
+	runErr := cmd.Wait()
+	close(stopTail)
+	<-tailDone
+	r.Elapsed = time.Since(start)
+	r.QEMUOutput = out.String()
+	r.Hung = errors.Is(ctx.Err(), context.DeadlineExceeded)
+
+	con, _ := os.ReadFile(r.ConsolePath)
+	r.Console = string(con)
+	f, err := os.Open(r.ResultsPath)
+	if err != nil {
+		return r, fmt.Errorf("L1 result port file: %w (QEMU: %v %s)", err, runErr, r.QEMUOutput)
+	}
+	defer f.Close()
+	if r.Results, err = ParseResults(f); err != nil {
+		return r, err
+	}
+	if runErr != nil && !r.Hung {
+		return r, fmt.Errorf("qemu-system-x86_64 failed: %v\n%s", runErr, r.QEMUOutput)
+	}
+	return r, nil
+}
+
+// programRunConfig is the shell fragment L1's /init sources for a program
+// run: which program to start and, for the record, its time limit.
+func programRunConfig(program string, timeout time.Duration) string {
+	return fmt.Sprintf("HPCVMM_PROGRAM=%s\nHPCVMM_TIMEOUT=%s\n", shellQuote(program), shellQuote(timeout.Round(time.Second).String()))
+}
+
+// buildL1ProgramInitrd assembles the L1 image of an L1Program: L1's /init,
+// busybox, the L1 modules, hpcvmm, the L2 kernel and initramfs, the
+// profile's setup script, the program, and spec.Extra's files.
+func buildL1ProgramInitrd(root, cache string, a L1Artifacts, spec L1Program) (string, error) {
+	bb, err := findBusybox()
+	if err != nil {
+		return "", err
+	}
+	mods, err := ModuleDeps(a.Kernel, l1Modules)
+	if err != nil {
+		return "", err
+	}
+	im := NewImage()
+	im.AddFile("/init", filepath.Join(root, "tests", "l1", "init.sh"), 0o755)
+	im.AddFile(busyboxInImage, bb, 0o755)
+	if err := addModules(im, a.Kernel, mods, l1ModulesList, cache); err != nil {
+		return "", err
+	}
+	im.AddFile(l1HPCVMM, a.HPCVMM, 0o755)
+	im.AddFile(l1L2Kernel, a.Kernel.Image, 0o644)
+	im.AddFile(l1L2Initrd, a.L2Initrd, 0o644)
+	p := spec.Profile
+	im.AddBytes(filepath.Join(l1ProfilesDir, p.Name+".sh"), []byte("# setup of profile "+p.Name+", sourced by L1's /init\n"+p.Setup+"\n"), 0o644)
+	im.AddFile(l1Program, spec.Program, 0o755)
+	if spec.Extra != nil {
+		if err := spec.Extra(im); err != nil {
+			return "", err
+		}
+	}
+	out := filepath.Join(cache, "l1-"+spec.Name+".cpio")
+	_, err = im.Build(out, false)
+	return out, err
+}
+
+// AddDynamicProgram copies the dynamically linked program prog and every
+// shared library and the interpreter ldd reports for it into the image at
+// their host paths, so it runs in L1 as it does on this host.
+func (im *Image) AddDynamicProgram(prog string) error { return addDynamicProgram(im, prog) }
+
+// followFile copies complete lines appended to path to w until stop is
+// closed, then copies what is left. The file may not exist yet at first.
+func followFile(path string, w io.Writer, stop <-chan struct{}) {
+	var off int64
+	var partial []byte
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	flush := func(final bool) {
+		f, err := os.Open(path)
+		if err != nil {
+			return
+		}
+		defer f.Close()
+		if _, err := f.Seek(off, io.SeekStart); err != nil {
+			return
+		}
+		rd := bufio.NewReader(f)
+		for {
+			line, err := rd.ReadBytes('\n')
+			off += int64(len(line))
+			partial = append(partial, line...)
+			if err != nil {
+				break
+			}
+			_, _ = w.Write(partial) // progress only; a closed writer is not fatal
+			partial = partial[:0]
+		}
+		if final && len(partial) > 0 {
+			_, _ = w.Write(append(partial, '\n'))
+		}
+	}
+	for {
+		select {
+		case <-stop:
+			flush(true)
+			return
+		case <-tick.C:
+			flush(false)
+		}
+	}
+}

@@ -1,0 +1,65 @@
+package harness
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestProgramRunConfig(t *testing.T) {
+	assert.Equal(t, "HPCVMM_PROGRAM='/hpcvmm/program'\nHPCVMM_TIMEOUT='14m0s'\n", programRunConfig(l1Program, 14*time.Minute))
+}
+
+func TestProfileBenchReservesBothHugepageSizes(t *testing.T) {
+	require.NoError(t, ProfileBench.Validate())
+	args, err := ProfileBench.QEMUArgs(L1Boot{Kernel: "k", Initrd: "i", ConsolePath: "c", ResultsPath: "r"}, "")
+	require.NoError(t, err)
+	j := strings.Join(args, " ")
+	assert.Contains(t, j, "-smp 2")
+	assert.Contains(t, j, "hugepagesz=1G hugepages=2 hugepagesz=2M hugepages=512")
+	assert.Contains(t, ProfileBench.Setup, "debugfs")
+}
+
+// lockedBuffer is a bytes.Buffer safe for the follower goroutine.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func TestFollowFileCopiesLinesAsTheyAppear(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "console.log")
+	var out lockedBuffer
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { followFile(path, &out, stop); close(done) }()
+	time.Sleep(100 * time.Millisecond) // the file does not exist yet: no error
+	require.NoError(t, os.WriteFile(path, []byte("one\ntw"), 0o644))
+	require.Eventually(t, func() bool { return out.String() == "one\n" }, 5*time.Second, 50*time.Millisecond,
+		"a complete line is copied, the partial one waits")
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, _ = f.WriteString("o\nthree")
+	require.NoError(t, f.Close())
+	close(stop)
+	<-done
+	assert.Equal(t, "one\ntwo\nthree\n", out.String(), "the final flush copies the unterminated tail")
+}

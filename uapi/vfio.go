@@ -1,0 +1,575 @@
+package uapi
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"strconv"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Paths of the VFIO character devices.
+const (
+	// DevVFIOContainer is the container device: one open is one container.
+	DevVFIOContainer = "/dev/vfio/vfio"
+	// DevVFIODir holds one node per IOMMU group, named by group number.
+	DevVFIODir = "/dev/vfio"
+)
+
+// vfioOpen opens a VFIO node read-write and close-on-exec, with a hint for
+// the usual causes.
+func vfioOpen(path string) (int, error) {
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		hint := ""
+		switch {
+		case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENODEV):
+			hint = " (is the vfio-pci module loaded and the device bound to it? modprobe vfio-pci)"
+		case errors.Is(err, unix.EBUSY):
+			hint = " (another process, e.g. a second VMM, holds this VFIO group)"
+		case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM):
+			hint = " (run as root or give the user access to the node)"
+		}
+		return -1, fmt.Errorf("vfio: open %s: %w%s", path, err, hint)
+	}
+	return fd, nil
+}
+
+func closeFD(fd *int, what string) error {
+	if *fd < 0 {
+		return nil
+	}
+	err := unix.Close(*fd)
+	*fd = -1
+	if err != nil {
+		return fmt.Errorf("vfio: close %s: %w", what, err)
+	}
+	return nil
+}
+
+// VFIOContainer is an open /dev/vfio/vfio: the IOMMU context shared by the
+// groups attached to it (type1 IOMMU ioctls).
+type VFIOContainer struct {
+	fd int
+}
+
+// OpenVFIOContainer opens DevVFIOContainer.
+func OpenVFIOContainer() (*VFIOContainer, error) { return OpenVFIOContainerPath(DevVFIOContainer) }
+
+// OpenVFIOContainerPath opens a VFIO container device at path.
+func OpenVFIOContainerPath(path string) (*VFIOContainer, error) {
+	fd, err := vfioOpen(path)
+	if err != nil {
+		return nil, err
+	}
+	return &VFIOContainer{fd: fd}, nil
+}
+
+// FD returns the container's file descriptor.
+func (c *VFIOContainer) FD() int { return c.fd }
+
+// Close closes the container; the kernel drops its DMA mappings once no
+// group is attached. Closing twice is a no-op.
+func (c *VFIOContainer) Close() error { return closeFD(&c.fd, "container") }
+
+// APIVersion is VFIO_GET_API_VERSION; it must be VFIOAPIVersion.
+func (c *VFIOContainer) APIVersion() (int, error) {
+	r, err := ioctl(c.fd, vfioGetAPIVersion, 0)
+	if err != nil {
+		return 0, fmt.Errorf("vfio: VFIO_GET_API_VERSION: %w", err)
+	}
+	return int(r), nil
+}
+
+// CheckExtension is VFIO_CHECK_EXTENSION: whether the container supports
+// ext (e.g. VFIOType1v2IOMMU).
+func (c *VFIOContainer) CheckExtension(ext int) (bool, error) {
+	r, err := ioctl(c.fd, vfioCheckExtension, uintptr(ext))
+	if err != nil {
+		return false, fmt.Errorf("vfio: VFIO_CHECK_EXTENSION (%d): %w", ext, err)
+	}
+	return r > 0, nil
+}
+
+// SetIOMMU is VFIO_SET_IOMMU: choose the IOMMU model. At least one group
+// must already be attached (VFIOGroup.SetContainer).
+func (c *VFIOContainer) SetIOMMU(typ int) error {
+	if _, err := ioctl(c.fd, vfioSetIOMMU, uintptr(typ)); err != nil {
+		return fmt.Errorf("vfio: VFIO_SET_IOMMU (type %d): %w", typ, err)
+	}
+	return nil
+}
+
+// VFIOIOVARange is an IOVA range the container can map, End inclusive.
+type VFIOIOVARange struct {
+	Start, End uint64
+}
+
+// VFIOIOMMUInfo is what VFIO_IOMMU_GET_INFO reports about a type1 container.
+type VFIOIOMMUInfo struct {
+	// Flags are VFIOIOMMUInfo* bits.
+	Flags uint32
+	// PageSizes is the bitmap of IOMMU page sizes: the lowest set bit is
+	// the mapping granularity (every IOVA, size and address aligned to it).
+	PageSizes uint64
+	// IOVARanges are the usable IOVA ranges, sorted; empty when the kernel
+	// does not report them (before 5.4), meaning "not known".
+	IOVARanges []VFIOIOVARange
+	// DMAAvail is how many more DMA mappings the container accepts
+	// (vfio_iommu_type1's dma_entry_limit minus mappings made), valid when
+	// HasDMAAvail.
+	DMAAvail    uint32
+	HasDMAAvail bool
+}
+
+// IOMMUInfo is VFIO_IOMMU_GET_INFO with its capability chain parsed. The
+// call is repeated with a larger buffer when the kernel asks for one.
+func (c *VFIOContainer) IOMMUInfo() (VFIOIOMMUInfo, error) {
+	argsz := sizeofVFIOIOMMUInfo
+	for tries := 0; tries < 4; tries++ {
+		buf := make([]uint64, (argsz+7)/8)
+		hdr := (*vfioIOMMUType1Info)(unsafe.Pointer(&buf[0]))
+		hdr.Argsz = argsz
+		if _, err := ioctlPtr(c.fd, vfioIOMMUGetInfo, unsafe.Pointer(&buf[0])); err != nil {
+			return VFIOIOMMUInfo{}, fmt.Errorf("vfio: VFIO_IOMMU_GET_INFO: %w", err)
+		}
+		if hdr.Argsz > argsz {
+			argsz = hdr.Argsz
+			continue
+		}
+		raw := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), len(buf)*8)[:argsz]
+		return ParseVFIOIOMMUInfo(raw)
+	}
+	return VFIOIOMMUInfo{}, fmt.Errorf("vfio: VFIO_IOMMU_GET_INFO: the kernel kept asking for a larger buffer (%d bytes)", argsz)
+}
+
+// ParseVFIOIOMMUInfo decodes a struct vfio_iommu_type1_info buffer as the
+// kernel filled it, including the IOVA-range and DMA-available
+// capabilities. It never panics on malformed input.
+func ParseVFIOIOMMUInfo(raw []byte) (VFIOIOMMUInfo, error) {
+	if len(raw) < int(sizeofVFIOIOMMUInfo) {
+		return VFIOIOMMUInfo{}, fmt.Errorf("vfio: IOMMU info: %d bytes, want at least %d", len(raw), sizeofVFIOIOMMUInfo)
+	}
+	le := binary.LittleEndian
+	info := VFIOIOMMUInfo{
+		Flags:     le.Uint32(raw[unsafe.Offsetof(vfioIOMMUType1Info{}.Flags):]),
+		PageSizes: le.Uint64(raw[unsafe.Offsetof(vfioIOMMUType1Info{}.IOVAPgsizes):]),
+	}
+	if info.Flags&VFIOIOMMUInfoPgsizes == 0 {
+		info.PageSizes = 0
+	}
+	if info.Flags&VFIOIOMMUInfoCaps == 0 {
+		return info, nil
+	}
+	first := le.Uint32(raw[unsafe.Offsetof(vfioIOMMUType1Info{}.CapOffset):])
+	err := walkVFIOCaps(raw, first, int(sizeofVFIOIOMMUInfo), func(id, _ uint16, c []byte) error {
+		switch id {
+		case VFIOIOMMUType1InfoCapIOVA:
+			if len(c) < sizeofVFIOIOVARangeCap {
+				return fmt.Errorf("IOVA range capability truncated (%d bytes)", len(c))
+			}
+			n := int(le.Uint32(c[unsafe.Offsetof(vfioIOMMUType1InfoCapIOVARange{}.NrIOVAs):]))
+			body := c[sizeofVFIOIOVARangeCap:]
+			if n > len(body)/sizeofVFIOIOVARange {
+				return fmt.Errorf("IOVA range capability claims %d ranges in %d bytes", n, len(body))
+			}
+			for i := 0; i < n; i++ {
+				r := body[i*sizeofVFIOIOVARange:]
+				info.IOVARanges = append(info.IOVARanges, VFIOIOVARange{Start: le.Uint64(r), End: le.Uint64(r[8:])})
+			}
+		case VFIOIOMMUType1InfoDMAAvail:
+			if len(c) < sizeofVFIODMAAvailCap {
+				return fmt.Errorf("DMA-available capability truncated (%d bytes)", len(c))
+			}
+			info.DMAAvail = le.Uint32(c[unsafe.Offsetof(vfioIOMMUType1InfoDMAAvail{}.Avail):])
+			info.HasDMAAvail = true
+		}
+		return nil
+	})
+	if err != nil {
+		return info, fmt.Errorf("vfio: IOMMU info: %w", err)
+	}
+	return info, nil
+}
+
+// walkVFIOCaps follows a VFIO capability chain inside raw (an info struct
+// and its trailing capabilities) from offset first, calling fn with each
+// capability's bytes from its header to the next capability or the end of
+// raw. Offsets below minOff (inside the fixed struct), past raw, or seen
+// before end the walk with an error.
+func walkVFIOCaps(raw []byte, first uint32, minOff int, fn func(id, version uint16, c []byte) error) error {
+	le := binary.LittleEndian
+	seen := map[uint32]bool{}
+	for off := first; off != 0; {
+		if int64(off) < int64(minOff) || int64(off)+int64(sizeofVFIOCapHeader) > int64(len(raw)) {
+			return fmt.Errorf("capability at offset %d outside [%d, %d)", off, minOff, len(raw))
+		}
+		if seen[off] {
+			return fmt.Errorf("capability chain loops at offset %d", off)
+		}
+		seen[off] = true
+		id, ver, next := le.Uint16(raw[off:]), le.Uint16(raw[off+2:]), le.Uint32(raw[off+4:])
+		end := uint32(len(raw))
+		if next > off && next < end {
+			end = next
+		}
+		if err := fn(id, ver, raw[off:end]); err != nil {
+			return err
+		}
+		off = next
+	}
+	return nil
+}
+
+// MapDMA is VFIO_IOMMU_MAP_DMA: make mem reachable by the container's
+// devices at iova. flags are VFIODMAMapFlag* bits. The kernel pins the
+// pages for as long as the mapping exists.
+func (c *VFIOContainer) MapDMA(iova uint64, mem []byte, flags uint32) error {
+	if len(mem) == 0 {
+		return fmt.Errorf("vfio: VFIO_IOMMU_MAP_DMA (iova %#x): empty mapping", iova)
+	}
+	m := vfioIOMMUType1DMAMap{
+		Argsz: sizeofVFIODMAMap, Flags: flags,
+		Vaddr: uint64(uintptr(unsafe.Pointer(&mem[0]))), IOVA: iova, Size: uint64(len(mem)),
+	}
+	_, err := ioctlPtr(c.fd, vfioIOMMUMapDMA, unsafe.Pointer(&m))
+	runtime.KeepAlive(mem)
+	if err != nil {
+		return fmt.Errorf("vfio: VFIO_IOMMU_MAP_DMA (iova %#x, size %#x, vaddr %#x, flags %#x): %w", iova, m.Size, m.Vaddr, flags, err)
+	}
+	return nil
+}
+
+// UnmapDMA is VFIO_IOMMU_UNMAP_DMA of [iova, iova+size); it returns how
+// many bytes the kernel unmapped.
+func (c *VFIOContainer) UnmapDMA(iova, size uint64) (uint64, error) {
+	u := vfioIOMMUType1DMAUnmap{Argsz: sizeofVFIODMAUnmap, IOVA: iova, Size: size}
+	if _, err := ioctlPtr(c.fd, vfioIOMMUUnmapDMA, unsafe.Pointer(&u)); err != nil {
+		return 0, fmt.Errorf("vfio: VFIO_IOMMU_UNMAP_DMA (iova %#x, size %#x): %w", iova, size, err)
+	}
+	return u.Size, nil
+}
+
+// VFIOGroup is an open /dev/vfio/N: one IOMMU group.
+type VFIOGroup struct {
+	fd    int
+	Group int
+}
+
+// OpenVFIOGroup opens /dev/vfio/<group>.
+func OpenVFIOGroup(group int) (*VFIOGroup, error) {
+	return OpenVFIOGroupPath(DevVFIODir+"/"+strconv.Itoa(group), group)
+}
+
+// OpenVFIOGroupPath opens a VFIO group node at path for group number group.
+func OpenVFIOGroupPath(path string, group int) (*VFIOGroup, error) {
+	fd, err := vfioOpen(path)
+	if err != nil {
+		return nil, err
+	}
+	return &VFIOGroup{fd: fd, Group: group}, nil
+}
+
+// FD returns the group's file descriptor (what KVM_DEV_VFIO_GROUP_ADD takes).
+func (g *VFIOGroup) FD() int { return g.fd }
+
+// Close closes the group. Closing twice is a no-op.
+func (g *VFIOGroup) Close() error { return closeFD(&g.fd, "group "+strconv.Itoa(g.Group)) }
+
+// Status is VFIO_GROUP_GET_STATUS.
+func (g *VFIOGroup) Status() (viable, containerSet bool, err error) {
+	s := vfioGroupStatus{Argsz: sizeofVFIOGroupStatus}
+	if _, err := ioctlPtr(g.fd, vfioGroupGetStatus, unsafe.Pointer(&s)); err != nil {
+		return false, false, fmt.Errorf("vfio: VFIO_GROUP_GET_STATUS (group %d): %w", g.Group, err)
+	}
+	return s.Flags&VFIOGroupFlagsViable != 0, s.Flags&VFIOGroupFlagsContainerSet != 0, nil
+}
+
+// SetContainer is VFIO_GROUP_SET_CONTAINER: attach the group to c.
+func (g *VFIOGroup) SetContainer(c *VFIOContainer) error {
+	fd := heapInt32(int32(c.fd))
+	_, err := ioctlPtr(g.fd, vfioGroupSetContainer, unsafe.Pointer(fd))
+	runtime.KeepAlive(fd)
+	if err != nil {
+		return fmt.Errorf("vfio: VFIO_GROUP_SET_CONTAINER (group %d, container fd %d): %w", g.Group, c.fd, err)
+	}
+	return nil
+}
+
+// UnsetContainer is VFIO_GROUP_UNSET_CONTAINER.
+func (g *VFIOGroup) UnsetContainer() error {
+	if _, err := ioctl(g.fd, vfioGroupUnsetContainer, 0); err != nil {
+		return fmt.Errorf("vfio: VFIO_GROUP_UNSET_CONTAINER (group %d): %w", g.Group, err)
+	}
+	return nil
+}
+
+// DeviceFD is VFIO_GROUP_GET_DEVICE_FD: open the device named name (a PCI
+// device's BDF, "0000:82:00.0"). The group must be in a container with an
+// IOMMU set.
+func (g *VFIOGroup) DeviceFD(name string) (*VFIODevice, error) {
+	p, err := unix.BytePtrFromString(name)
+	if err != nil {
+		return nil, fmt.Errorf("vfio: VFIO_GROUP_GET_DEVICE_FD (group %d, %q): %w", g.Group, name, err)
+	}
+	r, err := ioctlPtr(g.fd, vfioGroupGetDeviceFD, unsafe.Pointer(p))
+	runtime.KeepAlive(p)
+	if err != nil {
+		return nil, fmt.Errorf("vfio: VFIO_GROUP_GET_DEVICE_FD (group %d, %s): %w", g.Group, name, err)
+	}
+	return &VFIODevice{fd: int(r), Name: name}, nil
+}
+
+// VFIODevice is an open VFIO device fd: regions, interrupts, reset.
+type VFIODevice struct {
+	fd   int
+	Name string
+}
+
+// NewVFIODevice wraps an already open VFIO device fd (e.g. from a cdev
+// open under iommufd); the VFIODevice owns it.
+func NewVFIODevice(fd int, name string) *VFIODevice { return &VFIODevice{fd: fd, Name: name} }
+
+// FD returns the device's file descriptor.
+func (d *VFIODevice) FD() int { return d.fd }
+
+// Close closes the device fd. Closing twice is a no-op.
+func (d *VFIODevice) Close() error { return closeFD(&d.fd, "device "+d.Name) }
+
+// VFIODeviceInfo is VFIO_DEVICE_GET_INFO's answer.
+type VFIODeviceInfo struct {
+	Flags      uint32 // VFIODeviceFlags*
+	NumRegions uint32
+	NumIRQs    uint32
+}
+
+// Info is VFIO_DEVICE_GET_INFO.
+func (d *VFIODevice) Info() (VFIODeviceInfo, error) {
+	k := vfioDeviceInfo{Argsz: sizeofVFIODeviceInfo}
+	if _, err := ioctlPtr(d.fd, vfioDeviceGetInfo, unsafe.Pointer(&k)); err != nil {
+		return VFIODeviceInfo{}, fmt.Errorf("vfio: VFIO_DEVICE_GET_INFO (%s): %w", d.Name, err)
+	}
+	return VFIODeviceInfo{Flags: k.Flags, NumRegions: k.NumRegions, NumIRQs: k.NumIRQs}, nil
+}
+
+// VFIOSparseArea is one mmappable area of a region (relative to the region).
+type VFIOSparseArea struct {
+	Offset, Size uint64
+}
+
+// VFIORegionInfo is VFIO_DEVICE_GET_REGION_INFO's answer with its
+// capabilities parsed.
+type VFIORegionInfo struct {
+	Index uint32
+	Flags uint32 // VFIORegionInfoFlag*
+	// Size is the region's length; zero for an unimplemented region.
+	Size uint64
+	// Offset is where the region starts in the device fd (for pread,
+	// pwrite and mmap).
+	Offset uint64
+	// Sparse is true when the region carries a sparse-mmap capability:
+	// only Areas may be mmapped (possibly none).
+	Sparse bool
+	Areas  []VFIOSparseArea
+	// MSIXMappable: the MSI-X table and PBA inside this BAR may be mmapped.
+	MSIXMappable bool
+	// Type and Subtype are the region type capability (device-specific
+	// regions), zero when absent.
+	Type, Subtype uint32
+}
+
+// Mmappable reports whether the region may be mmapped at all.
+func (r VFIORegionInfo) Mmappable() bool { return r.Flags&VFIORegionInfoFlagMmap != 0 }
+
+// MmapAreas returns the parts of the region that may be mmapped: the sparse
+// areas when the region has them, else the whole region when it is
+// mmappable, else nothing.
+func (r VFIORegionInfo) MmapAreas() []VFIOSparseArea {
+	switch {
+	case !r.Mmappable() || r.Size == 0:
+		return nil
+	case r.Sparse:
+		return r.Areas
+	}
+	return []VFIOSparseArea{{Offset: 0, Size: r.Size}}
+}
+
+// RegionInfo is VFIO_DEVICE_GET_REGION_INFO for region index, repeated
+// with a larger buffer when the capabilities do not fit.
+func (d *VFIODevice) RegionInfo(index uint32) (VFIORegionInfo, error) {
+	argsz := sizeofVFIORegionInfo
+	for tries := 0; tries < 4; tries++ {
+		buf := make([]uint64, (argsz+7)/8)
+		hdr := (*vfioRegionInfo)(unsafe.Pointer(&buf[0]))
+		hdr.Argsz, hdr.Index = argsz, index
+		if _, err := ioctlPtr(d.fd, vfioDeviceGetRegion, unsafe.Pointer(&buf[0])); err != nil {
+			return VFIORegionInfo{}, fmt.Errorf("vfio: VFIO_DEVICE_GET_REGION_INFO (%s, region %d): %w", d.Name, index, err)
+		}
+		if hdr.Argsz > argsz {
+			argsz = hdr.Argsz
+			continue
+		}
+		raw := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), len(buf)*8)[:argsz]
+		info, err := ParseVFIORegionInfo(raw)
+		if err != nil {
+			return info, fmt.Errorf("vfio: %s region %d: %w", d.Name, index, err)
+		}
+		return info, nil
+	}
+	return VFIORegionInfo{}, fmt.Errorf("vfio: VFIO_DEVICE_GET_REGION_INFO (%s, region %d): the kernel kept asking for a larger buffer", d.Name, index)
+}
+
+// ParseVFIORegionInfo decodes a struct vfio_region_info buffer and its
+// capability chain (sparse mmap, MSI-X mappable, region type). It never
+// panics on malformed input.
+func ParseVFIORegionInfo(raw []byte) (VFIORegionInfo, error) {
+	if len(raw) < int(sizeofVFIORegionInfo) {
+		return VFIORegionInfo{}, fmt.Errorf("region info: %d bytes, want at least %d", len(raw), sizeofVFIORegionInfo)
+	}
+	le := binary.LittleEndian
+	var z vfioRegionInfo
+	info := VFIORegionInfo{
+		Flags:  le.Uint32(raw[unsafe.Offsetof(z.Flags):]),
+		Index:  le.Uint32(raw[unsafe.Offsetof(z.Index):]),
+		Size:   le.Uint64(raw[unsafe.Offsetof(z.Size):]),
+		Offset: le.Uint64(raw[unsafe.Offsetof(z.Offset):]),
+	}
+	if info.Flags&VFIORegionInfoFlagCaps == 0 {
+		return info, nil
+	}
+	first := le.Uint32(raw[unsafe.Offsetof(z.CapOffset):])
+	err := walkVFIOCaps(raw, first, int(sizeofVFIORegionInfo), func(id, _ uint16, c []byte) error {
+		switch id {
+		case VFIORegionInfoCapSparseMmap:
+			if len(c) < sizeofVFIOSparseCap {
+				return fmt.Errorf("sparse mmap capability truncated (%d bytes)", len(c))
+			}
+			n := int(le.Uint32(c[unsafe.Offsetof(vfioRegionInfoCapSparseMmap{}.NrAreas):]))
+			body := c[sizeofVFIOSparseCap:]
+			if n > len(body)/sizeofVFIOSparseArea {
+				return fmt.Errorf("sparse mmap capability claims %d areas in %d bytes", n, len(body))
+			}
+			info.Sparse = true
+			for i := 0; i < n; i++ {
+				a := body[i*sizeofVFIOSparseArea:]
+				area := VFIOSparseArea{Offset: le.Uint64(a), Size: le.Uint64(a[8:])}
+				if area.Size == 0 {
+					continue
+				}
+				if area.Offset > info.Size || area.Size > info.Size-area.Offset {
+					return fmt.Errorf("sparse mmap area %#x+%#x outside the %#x-byte region", area.Offset, area.Size, info.Size)
+				}
+				info.Areas = append(info.Areas, area)
+			}
+		case VFIORegionInfoCapMSIXMappable:
+			info.MSIXMappable = true
+		case VFIORegionInfoCapType:
+			if len(c) < sizeofVFIOCapType {
+				return fmt.Errorf("region type capability truncated (%d bytes)", len(c))
+			}
+			info.Type = le.Uint32(c[unsafe.Offsetof(vfioRegionInfoCapType{}.Type):])
+			info.Subtype = le.Uint32(c[unsafe.Offsetof(vfioRegionInfoCapType{}.Subtype):])
+		}
+		return nil
+	})
+	return info, err
+}
+
+// VFIOIRQInfo is VFIO_DEVICE_GET_IRQ_INFO's answer.
+type VFIOIRQInfo struct {
+	Index uint32
+	Flags uint32 // VFIOIRQInfo*
+	Count uint32 // vectors; 0 when the device lacks this interrupt type
+}
+
+// IRQInfo is VFIO_DEVICE_GET_IRQ_INFO for IRQ index (VFIOPCI*IRQIndex).
+func (d *VFIODevice) IRQInfo(index uint32) (VFIOIRQInfo, error) {
+	k := vfioIRQInfo{Argsz: sizeofVFIOIRQInfo, Index: index}
+	if _, err := ioctlPtr(d.fd, vfioDeviceGetIRQInfo, unsafe.Pointer(&k)); err != nil {
+		return VFIOIRQInfo{}, fmt.Errorf("vfio: VFIO_DEVICE_GET_IRQ_INFO (%s, index %d): %w", d.Name, index, err)
+	}
+	return VFIOIRQInfo{Index: k.Index, Flags: k.Flags, Count: k.Count}, nil
+}
+
+// SetIRQEventFDs is VFIO_DEVICE_SET_IRQS with eventfd data: for action
+// (VFIOIRQSetActionTrigger or VFIOIRQSetActionUnmask), vectors start..start+
+// len(fds)-1 of index signal (trigger) or are unmasked by (unmask) fds[i];
+// -1 tears down that vector's eventfd.
+func (d *VFIODevice) SetIRQEventFDs(index, start, action uint32, fds []int32) error {
+	hdr, data, p := flexBuf[vfioIRQSet, int32](len(fds))
+	hdr.Argsz = sizeofVFIOIRQSet + uint32(4*len(fds))
+	hdr.Flags = VFIOIRQSetDataEventFD | action
+	hdr.Index, hdr.Start, hdr.Count = index, start, uint32(len(fds))
+	copy(data, fds)
+	if _, err := ioctlPtr(d.fd, vfioDeviceSetIRQs, p); err != nil {
+		return fmt.Errorf("vfio: VFIO_DEVICE_SET_IRQS (%s, index %d, start %d, %d eventfds, action %#x): %w", d.Name, index, start, len(fds), action, err)
+	}
+	return nil
+}
+
+// SetIRQs is VFIO_DEVICE_SET_IRQS without data: action (mask, unmask or
+// trigger) on vectors start..start+count-1 of index. Trigger with count 0
+// disables the interrupt index altogether.
+func (d *VFIODevice) SetIRQs(index, start, count, action uint32) error {
+	s := vfioIRQSet{Argsz: sizeofVFIOIRQSet, Flags: VFIOIRQSetDataNone | action, Index: index, Start: start, Count: count}
+	if _, err := ioctlPtr(d.fd, vfioDeviceSetIRQs, unsafe.Pointer(&s)); err != nil {
+		return fmt.Errorf("vfio: VFIO_DEVICE_SET_IRQS (%s, index %d, start %d, count %d, action %#x): %w", d.Name, index, start, count, action, err)
+	}
+	return nil
+}
+
+// DisableIRQs turns interrupt index off (SetIRQs trigger, count 0).
+func (d *VFIODevice) DisableIRQs(index uint32) error {
+	return d.SetIRQs(index, 0, 0, VFIOIRQSetActionTrigger)
+}
+
+// Reset is VFIO_DEVICE_RESET (function-level or other reset the kernel
+// chose). EINVAL/ENOTTY mean the device has no usable reset method.
+func (d *VFIODevice) Reset() error {
+	if _, err := ioctl(d.fd, vfioDeviceReset, 0); err != nil {
+		return fmt.Errorf("vfio: VFIO_DEVICE_RESET (%s): %w", d.Name, err)
+	}
+	return nil
+}
+
+// ReadAt reads len(p) bytes at fd offset off (a region's Offset plus the
+// offset inside the region): pread on the device fd.
+func (d *VFIODevice) ReadAt(p []byte, off int64) (int, error) {
+	for {
+		n, err := unix.Pread(d.fd, p, off)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return n, fmt.Errorf("vfio: pread %s (%d bytes at %#x): %w", d.Name, len(p), off, err)
+		}
+		return n, nil
+	}
+}
+
+// WriteAt writes p at fd offset off: pwrite on the device fd.
+func (d *VFIODevice) WriteAt(p []byte, off int64) (int, error) {
+	for {
+		n, err := unix.Pwrite(d.fd, p, off)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return n, fmt.Errorf("vfio: pwrite %s (%d bytes at %#x): %w", d.Name, len(p), off, err)
+		}
+		return n, nil
+	}
+}
+
+// Mmap maps size bytes of the device fd at off (page aligned, inside an
+// mmappable area) shared, with prot (unix.PROT_*).
+func (d *VFIODevice) Mmap(off int64, size int, prot int) ([]byte, error) {
+	m, err := unix.Mmap(d.fd, off, size, prot, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("vfio: mmap %s (%#x bytes at %#x): %w", d.Name, size, off, err)
+	}
+	return m, nil
+}

@@ -1,0 +1,147 @@
+package vfio
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"strconv"
+	"strings"
+
+	"github.com/hpcvmm/hpcvmm/vmm/host"
+)
+
+// Spec is one --gpu or --vf argument.
+type Spec struct {
+	BDF host.BDF
+	// VF: the device must be an SR-IOV virtual function (--vf).
+	VF bool
+	// Clique is the NVIDIA GPUDirect P2P clique (0-15), -1 for none.
+	Clique int
+}
+
+// ParseSpec parses "BDF" or "BDF,clique=N" (clique only for --gpu).
+func ParseSpec(s string, vf bool) (Spec, error) {
+	flag := "--gpu"
+	if vf {
+		flag = "--vf"
+	}
+	parts := strings.Split(s, ",")
+	b, err := host.ParseBDF(parts[0])
+	if err != nil {
+		return Spec{}, fmt.Errorf("%s %q: %w", flag, s, err)
+	}
+	sp := Spec{BDF: b, VF: vf, Clique: -1}
+	for _, opt := range parts[1:] {
+		k, v, _ := strings.Cut(opt, "=")
+		switch k {
+		case "clique":
+			if vf {
+				return Spec{}, fmt.Errorf("%s %q: clique applies to NVIDIA GPUs given with --gpu", flag, s)
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 || n > 15 {
+				return Spec{}, fmt.Errorf("%s %q: clique=%q must be a number 0-15 (GPUs with the same clique can do peer-to-peer)", flag, s, v)
+			}
+			sp.Clique = n
+		default:
+			return Spec{}, fmt.Errorf("%s %q: unknown option %q (known: clique=N)", flag, s, opt)
+		}
+	}
+	return sp, nil
+}
+
+// bridgeClass reports PCI-to-PCI bridges (class 0x0604, 0x0609), which the
+// kernel tolerates in a VFIO group whatever their driver (pcieport).
+func bridgeClass(d *host.Device) bool {
+	sc := d.SubClass()
+	return sc == 0x0604 || sc == 0x0609
+}
+
+// groupMemberOK mirrors the kernel's viability rule: a group is usable when
+// every member is on a VFIO driver, on pci-stub, on no driver, or is a
+// bridge.
+func groupMemberOK(d *host.Device) bool {
+	return d.Driver == "" || host.IsVFIODriver(d.Driver) || d.Driver == "pci-stub" || bridgeClass(d)
+}
+
+// CheckGroupViable checks every device in bdf's IOMMU group and names the
+// ones that keep the group from being usable.
+func CheckGroupViable(h *host.Host, dev *host.Device) error {
+	members, err := h.IOMMUGroupMembers(dev.IOMMUGroup)
+	if err != nil {
+		return fmt.Errorf("vfio: %s: %w", dev.BDF, err)
+	}
+	var bad []string
+	for _, m := range members {
+		if m == dev.BDF {
+			continue
+		}
+		md, err := h.Device(m)
+		if err != nil {
+			return fmt.Errorf("vfio: %s: IOMMU group %d member: %w", dev.BDF, dev.IOMMUGroup, err)
+		}
+		if !groupMemberOK(md) {
+			bad = append(bad, fmt.Sprintf("%s (driver %s)", m, md.Driver))
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("vfio: %s: IOMMU group %d is not viable: %s share(s) the group and are bound to host drivers; pass them through too, or bind them to vfio-pci (hpcvmm bind %s), or unbind them",
+			dev.BDF, dev.IOMMUGroup, strings.Join(bad, ", "), strings.Join(firstWords(bad), " "))
+	}
+	return nil
+}
+
+func firstWords(ss []string) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i], _, _ = strings.Cut(s, " ")
+	}
+	return out
+}
+
+// CheckDevice runs the host-side checks for one --gpu/--vf device and
+// returns its host description: the device exists, the host IOMMU is on, its
+// group is viable, it is bound to vfio-pci (bound is false and err nil when
+// allowBind is set and it is not: the caller binds it), and for --vf it is an
+// SR-IOV VF (the PF is in the returned device's PhysFn).
+func CheckDevice(h *host.Host, sp Spec, allowBind bool) (dev *host.Device, bound bool, err error) {
+	flag := "--gpu"
+	if sp.VF {
+		flag = "--vf"
+	}
+	dev, err = h.Device(sp.BDF)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, false, fmt.Errorf("%s %s: no such PCI device on this host; list candidates with hpcvmm devices or lspci -D", flag, sp.BDF)
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("%s %s: %w", flag, sp.BDF, err)
+	}
+	if sp.VF && dev.PhysFn == nil {
+		return nil, false, fmt.Errorf("--vf %s: %04x:%04x is not an SR-IOV virtual function (no physfn link); pass a VF (create them with echo N > /sys/bus/pci/devices/<PF>/sriov_numvfs) or use --gpu for a whole device",
+			sp.BDF, dev.Vendor, dev.DeviceID)
+	}
+	if sp.Clique >= 0 && (dev.Vendor != nvidiaVendor || dev.BaseClass() != host.ClassDisplay) {
+		return nil, false, fmt.Errorf("--gpu %s,clique=%d: the P2P clique capability is for NVIDIA GPUs, this is %04x:%04x class %06x", sp.BDF, sp.Clique, dev.Vendor, dev.DeviceID, dev.Class)
+	}
+	if n, err := h.IOMMUGroups(); err != nil {
+		return nil, false, fmt.Errorf("%s %s: %w", flag, sp.BDF, err)
+	} else if n == 0 || dev.IOMMUGroup < 0 {
+		return nil, false, fmt.Errorf("%s %s: the host IOMMU is disabled (no IOMMU groups): enable VT-d/AMD-Vi in the firmware and boot with intel_iommu=on (Intel) or amd_iommu=on iommu=pt", flag, sp.BDF)
+	}
+	if err := CheckGroupViable(h, dev); err != nil {
+		return nil, false, err
+	}
+	if !host.IsVFIODriver(dev.Driver) {
+		if dev.Driver != "" && !allowBind {
+			return nil, false, fmt.Errorf("%s %s: in use by the host driver %s; add --bind to rebind it to vfio-pci for this VM (restored afterwards), or run hpcvmm bind %s", flag, sp.BDF, dev.Driver, sp.BDF)
+		}
+		if !allowBind {
+			return nil, false, fmt.Errorf("%s %s: not bound to vfio-pci; add --bind or run hpcvmm bind %s", flag, sp.BDF, sp.BDF)
+		}
+		return dev, false, nil
+	}
+	return dev, true, nil
+}
+
+// nvidiaVendor is NVIDIA's PCI vendor ID.
+const nvidiaVendor = 0x10de

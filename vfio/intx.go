@@ -1,0 +1,125 @@
+package vfio
+
+import (
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hpcvmm/hpcvmm/uapi"
+	"github.com/hpcvmm/hpcvmm/vmm/pci"
+)
+
+// intxState wires INTx: VFIO signals trigger when the device asserts its
+// pin (and masks it, INTx being level-triggered); KVM raises gsi from that
+// eventfd and, when the guest EOIs, signals resample, which is VFIO's unmask
+// eventfd. hpcvmm is on neither path.
+type intxState struct {
+	trigger, resample int
+	gsi               uint32
+	router            INTxRouter
+	assigned          bool
+	on                bool
+}
+
+// setupInterrupts creates the eventfds for MSI-X, MSI and INTx and turns
+// INTx on (the state of a device after reset).
+func (p *PCIDevice) setupInterrupts() error {
+	if (p.msix != nil || p.msi != nil) && p.cfg.Router == nil {
+		return fmt.Errorf("vfio: %s: the device has MSI/MSI-X but no interrupt router was given", p.cfg.Name)
+	}
+	if m := p.msix; m != nil {
+		t, err := pci.NewIRQFDs(p.cfg.Router, m.n, p.cfg.OnError)
+		if err != nil {
+			return fmt.Errorf("vfio: %s: MSI-X: %w", p.cfg.Name, err)
+		}
+		m.irqfds, m.target = t, t
+		m.fds = make([]int32, min(m.n, int(m.vfioCount)))
+		for i := range m.fds {
+			m.fds[i] = int32(t.EventFD(i))
+		}
+	}
+	if m := p.msi; m != nil {
+		t, err := pci.NewIRQFDs(p.cfg.Router, m.max, p.cfg.OnError)
+		if err != nil {
+			return fmt.Errorf("vfio: %s: MSI: %w", p.cfg.Name, err)
+		}
+		m.irqfds, m.target = t, t
+		m.fds = make([]int32, m.max)
+		for i := range m.fds {
+			m.fds[i] = int32(t.EventFD(i))
+		}
+	}
+	if p.cfg.INTx == nil || p.vc.val[pci.RegInterruptPin] == 0 {
+		return nil
+	}
+	x := &intxState{trigger: -1, resample: -1, gsi: p.cfg.INTxGSI, router: p.cfg.INTx}
+	p.intx = x
+	var err error
+	if x.trigger, err = pci.NewEventFD(); err != nil {
+		return fmt.Errorf("vfio: %s: INTx: %w", p.cfg.Name, err)
+	}
+	if x.resample, err = pci.NewEventFD(); err != nil {
+		return fmt.Errorf("vfio: %s: INTx: %w", p.cfg.Name, err)
+	}
+	// The irqfd goes first so no assertion is signalled before KVM listens.
+	if err := x.router.AssignResampleIRQFD(x.trigger, x.resample, x.gsi); err != nil {
+		return fmt.Errorf("vfio: %s: INTx irqfd on GSI %d: %w", p.cfg.Name, x.gsi, err)
+	}
+	x.assigned = true
+	p.intxOn()
+	if !x.on {
+		return fmt.Errorf("vfio: %s: VFIO refused INTx", p.cfg.Name)
+	}
+	return nil
+}
+
+// intxOn hands VFIO the trigger and unmask eventfds, unless MSI or MSI-X is
+// in use (VFIO allows one interrupt type at a time).
+func (p *PCIDevice) intxOn() {
+	x := p.intx
+	if x == nil || x.on || (p.msix != nil && p.msix.vfioOn) || (p.msi != nil && p.msi.on != 0) {
+		return
+	}
+	if err := p.dev.SetIRQEventFDs(uapi.VFIOPCIINTxIRQIndex, 0, uapi.VFIOIRQSetActionTrigger, []int32{int32(x.trigger)}); err != nil {
+		p.report(fmt.Errorf("vfio: %s: enable INTx: %w", p.cfg.Name, err))
+		return
+	}
+	if err := p.dev.SetIRQEventFDs(uapi.VFIOPCIINTxIRQIndex, 0, uapi.VFIOIRQSetActionUnmask, []int32{int32(x.resample)}); err != nil {
+		p.report(fmt.Errorf("vfio: %s: INTx unmask eventfd: %w", p.cfg.Name, err))
+		p.dev.DisableIRQs(uapi.VFIOPCIINTxIRQIndex)
+		return
+	}
+	x.on = true
+}
+
+// intxOff disables INTx in VFIO (before MSI or MSI-X is enabled).
+func (p *PCIDevice) intxOff() {
+	x := p.intx
+	if x == nil || !x.on {
+		return
+	}
+	if err := p.dev.DisableIRQs(uapi.VFIOPCIINTxIRQIndex); err != nil {
+		p.report(fmt.Errorf("vfio: %s: disable INTx: %w", p.cfg.Name, err))
+	}
+	x.on = false
+}
+
+func (x *intxState) close(p *PCIDevice) error {
+	var errs []error
+	if x.on {
+		errs = append(errs, p.dev.DisableIRQs(uapi.VFIOPCIINTxIRQIndex))
+		x.on = false
+	}
+	if x.assigned {
+		errs = append(errs, x.router.DeassignIRQFD(x.trigger, x.gsi))
+		x.assigned = false
+	}
+	for _, fd := range []*int{&x.trigger, &x.resample} {
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
+	}
+	return errors.Join(errs...)
+}
