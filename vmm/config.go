@@ -74,6 +74,10 @@ type Config struct {
 	// StartTime is when the process started, for the start-to-first-KVM_RUN
 	// figure in the log; zero means New's start.
 	StartTime time.Time
+	// Nets are the guest's virtio-net interfaces, one per host TAP.
+	Nets []NetConfig
+	// Passthrough lists the host devices given to the guest through VFIO.
+	Passthrough PassthroughConfig
 	// SysfsRoot and ProcfsRoot let tests point host discovery at a captured
 	// tree; empty means /sys and /proc.
 	SysfsRoot, ProcfsRoot string
@@ -159,6 +163,7 @@ func (c *Config) Validate() error {
 	default:
 		errs = append(errs, fieldErr("Console", "unknown console %q: use virtio, serial or none", c.Console))
 	}
+	errs = append(errs, c.validateNets()...)
 	return errors.Join(errs...)
 }
 

@@ -47,12 +47,21 @@ func (vm *VM) addPCI(physBits int) error {
 			return err
 		}
 	}
+	if err := vm.addNets(); err != nil {
+		return err
+	}
+	if err := vm.addPassthroughDevices(); err != nil {
+		return err
+	}
 	m32, err := pci.NewAllocator("32-bit MMIO window", pci.Window32Base, pci.Window32Size, false)
 	if err != nil {
 		return err
 	}
 	base64, size64, err := pci.Window64(vm.mem.End(), uint(physBits))
 	if err != nil {
+		return err
+	}
+	if err := vm.check64BitWindow(size64, physBits); err != nil {
 		return err
 	}
 	m64, err := pci.NewAllocator("64-bit MMIO window", base64, size64, false)
@@ -92,6 +101,7 @@ func (vm *VM) closeDevices() error {
 	var errs []error
 	for _, t := range vm.transports {
 		errs = append(errs, t.Close())
+		errs = append(errs, closeNet(t))
 	}
 	if vm.console != nil {
 		errs = append(errs, vm.console.Close())

@@ -20,10 +20,11 @@ type placement struct {
 
 // choosePlacement applies the NUMA rules: an explicit --numa-node wins;
 // otherwise a --cpu-list decides; otherwise the node of the first
-// passthrough device, else the node with the most free hugepages. A CPU
+// passthrough device (deviceNode, -1 when none or unknown), else the node
+// with the most free hugepages. A CPU
 // list spanning nodes is refused unless AllowCrossNUMA, because a vCPU on
 // a remote node pays the interconnect on every guest memory access.
-func choosePlacement(cfg *Config, h *host.Host) (placement, error) {
+func choosePlacement(cfg *Config, h *host.Host, deviceNode int) (placement, error) {
 	nodes, err := h.Nodes()
 	if err != nil {
 		return placement{}, fmt.Errorf("read host NUMA topology: %w", err)
@@ -55,6 +56,9 @@ func choosePlacement(cfg *Config, h *host.Host) (placement, error) {
 	case len(cfg.CPUList) > 0:
 		p.node = nodeOf[cfg.CPUList[0]]
 		p.why = "node of the first CPU in the CPU list"
+	case deviceNode >= 0:
+		p.node = deviceNode
+		p.why = "node of the first passthrough device"
 	default:
 		n, why, err := preflight.ChooseNode(h, preflight.Request{
 			Memory: cfg.Memory, PageSize: uint64(cfg.pageSize()), CPUs: cfg.CPUs, NUMANode: -1,

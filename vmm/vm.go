@@ -79,6 +79,8 @@ type VM struct {
 	pci                         *pci.Root
 	console                     *console.Console
 	transports                  []*transport.Transport
+	pt                          *passthrough // nil without passthrough devices
+	slots                       *memslots    // KVM slots for BAR mappings
 
 	stopping atomic.Bool
 	stopOnce sync.Once
@@ -138,7 +140,7 @@ func New(cfg Config) (_ *VM, err error) {
 	for _, r := range guestmem.Layout(cfg.Memory) {
 		ram = append(ram, boot.RAMRange{GPA: r.GPA, Size: r.Size})
 	}
-	if err := boot.Check(boot.Params{Kernel: kernel, Cmdline: cfg.Cmdline, RAM: ram, CPUs: cfg.CPUs}, uint64(len(initrd))); err != nil {
+	if err := boot.Check(boot.Params{Kernel: kernel, Cmdline: cfg.Cmdline, RAM: ram, CPUs: cfg.CPUs, MP: vm.mpOptions()}, uint64(len(initrd))); err != nil {
 		field := "Memory"
 		if len(initrd) > 0 && strings.Contains(err.Error(), "initrd") {
 			field = "Initrd"
@@ -157,8 +159,16 @@ func New(cfg Config) (_ *VM, err error) {
 	if err := checkKVMBackend(h); err != nil {
 		return nil, err
 	}
-	if vm.place, err = choosePlacement(&cfg, h); err != nil {
+	devNode, err := vm.checkPassthrough(h)
+	if err != nil {
 		return nil, err
+	}
+	if vm.place, err = choosePlacement(&cfg, h, devNode); err != nil {
+		return nil, err
+	}
+	if devNode >= 0 && devNode != vm.place.node {
+		log.Warn("guest RAM and vCPUs are on another NUMA node than the first passthrough device: its DMA and interrupts cross the interconnect",
+			"vm_node", vm.place.node, "device_node", devNode)
 	}
 	log.Info("placement", "numa_node", vm.place.node, "why", vm.place.why,
 		"vcpu_host_cpus", host.FormatCPUList(vm.place.vcpuCPUs), "hugepages", cfg.pageSize().String())
@@ -220,18 +230,22 @@ func New(cfg Config) (_ *VM, err error) {
 			return nil, err
 		}
 	}
+	vm.slots = &memslots{vm: vm.vm, next: uint32(len(vm.mem.Regions()))}
 
-	bsp, err := boot.Load(vm.mem, boot.Params{
-		Kernel: kernel, Initrd: initrd, Cmdline: cfg.Cmdline, RAM: ram, CPUs: cfg.CPUs,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("load kernel: %w", err)
+	if err := vm.bindDevices(sysRoot, procRoot); err != nil {
+		return nil, err
 	}
 	if err := vm.addPlatformDevices(); err != nil {
 		return nil, err
 	}
 	if err := vm.addPCI(physAddrBits(supported)); err != nil {
 		return nil, fmt.Errorf("PCI: %w", err)
+	}
+	bsp, err := boot.Load(vm.mem, boot.Params{
+		Kernel: kernel, Initrd: initrd, Cmdline: cfg.Cmdline, RAM: ram, CPUs: cfg.CPUs, MP: vm.mpOptions(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("load kernel: %w", err)
 	}
 	for i := 0; i < cfg.CPUs; i++ {
 		c, err := vm.newVCPU(i, supported)
@@ -461,6 +475,7 @@ func (vm *VM) Close() error {
 	vm.closeOnce.Do(func() {
 		var errs []error
 		errs = append(errs, vm.closeDevices())
+		errs = append(errs, vm.closePassthrough())
 		for _, c := range vm.cpus {
 			errs = append(errs, c.cpu.Close())
 		}
@@ -476,6 +491,8 @@ func (vm *VM) Close() error {
 		if vm.kvm != nil {
 			errs = append(errs, vm.kvm.Close())
 		}
+		// Last: vfio-pci lets a device go only once every fd is closed.
+		errs = append(errs, vm.restoreHost())
 		vm.closeErr = errors.Join(errs...)
 	})
 	return vm.closeErr

@@ -19,7 +19,7 @@ func checkKVMCapabilities(devPath string) []preflight.Result {
 		// A host tree captured or built for tests: there is no KVM to ask.
 		return []preflight.Result{{Name: "kvm-cap", Subject: "host", Status: preflight.Warn,
 			Detail: fmt.Sprintf("%s is not a character device: capabilities not checked", devPath),
-			Fix: "run hpcvmm check on the host itself"}}
+			Fix:    "run hpcvmm check on the host itself"}}
 	}
 	sys, err := uapi.OpenKVMPath(devPath)
 	if err != nil {

@@ -30,6 +30,8 @@ commands:
   run       boot a guest (hpcvmm run --help for the flags)
   check     check that this host can run the described VM, with fixes
   devices   list the host's passthrough-capable devices
+  bind      rebind PCI devices to vfio-pci (journaled)
+  unbind    give devices rebound by hpcvmm back to their drivers (also after a crash)
   version   print the version
 `
 
@@ -48,6 +50,10 @@ func dispatch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return runCheck(args[1:], stdout, stderr)
 	case "devices":
 		return runDevices(args[1:], stdout, stderr)
+	case "bind":
+		return runBind(args[1:], stdout, stderr)
+	case "unbind":
+		return runUnbind(args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "hpcvmm", version)
 		return 0

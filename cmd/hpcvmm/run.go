@@ -37,7 +37,7 @@ func newRunFlagSet(stderr io.Writer) (*flag.FlagSet, *runFlags) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&f.cfg.Kernel, "kernel", "", "bzImage to boot (e.g. /boot/vmlinuz-...)")
 	fs.StringVar(&f.cfg.Initrd, "initrd", "", "initramfs to load")
-	fs.StringVar(&f.cfg.Cmdline, "cmdline", "console=ttyS0 reboot=k panic=-1", "kernel command line")
+	fs.StringVar(&f.cfg.Cmdline, "cmdline", "", "kernel command line (default: "+defaultCmdline(vmm.ConsoleVirtio)+" with --console virtio, "+defaultCmdline(vmm.ConsoleSerial)+" otherwise)")
 	fs.IntVar(&f.cfg.CPUs, "cpus", 1, "number of vCPUs")
 	fs.StringVar(&f.memory, "memory", "1G", "guest RAM (K/M/G/T suffixes)")
 	fs.StringVar(&f.hugepages, "hugepages", "1G", "page size backing guest RAM: 1G, 2M or none (4 KiB, development only)")
@@ -46,6 +46,15 @@ func newRunFlagSet(stderr io.Writer) (*flag.FlagSet, *runFlags) {
 	fs.BoolVar(&f.cfg.AllowCrossNUMA, "allow-cross-numa", false, "allow a --cpu-list that spans NUMA nodes")
 	fs.StringVar(&f.console, "console", "virtio", "interactive console: virtio (guest hvc0), serial (guest ttyS0) or none; the UART always prints early boot messages")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	addPassthroughFlags(fs, &f.cfg.Passthrough)
+	fs.Func("net", "virtio-net interface on a host TAP (repeatable): tap=NAME[,mac=MAC][,queues=N][,vhost=on|off]; a missing TAP is created and removed on exit", func(s string) error {
+		n, err := parseNet(s)
+		if err != nil {
+			return err
+		}
+		f.cfg.Nets = append(f.cfg.Nets, n)
+		return nil
+	})
 	return fs, f
 }
 
@@ -74,7 +83,20 @@ func (f *runFlags) toConfig() (vmm.Config, error) {
 		}
 	}
 	cfg.Console = vmm.ConsoleKind(f.console)
+	if cfg.Cmdline == "" {
+		cfg.Cmdline = defaultCmdline(cfg.Console)
+	}
 	return cfg, errors.Join(errs...)
+}
+
+// defaultCmdline is the kernel command line when --cmdline is not given:
+// early messages on the UART, the interactive console where --console puts
+// it, and a guest reboot (or panic) ending the VM.
+func defaultCmdline(c vmm.ConsoleKind) string {
+	if c == vmm.ConsoleVirtio {
+		return "console=ttyS0 console=hvc0 reboot=k panic=-1"
+	}
+	return "console=ttyS0 reboot=k panic=-1"
 }
 
 // flagNames maps vmm.Config fields to the flags that set them, so library
@@ -82,6 +104,48 @@ func (f *runFlags) toConfig() (vmm.Config, error) {
 var flagNames = map[string]string{
 	"Kernel": "--kernel", "Initrd": "--initrd", "CPUs": "--cpus", "Memory": "--memory",
 	"HugePages": "--hugepages", "NUMANode": "--numa-node", "CPUList": "--cpu-list", "Console": "--console",
+	"Passthrough": "passthrough",
+	"Nets":        "--net",
+}
+
+// parseNet parses one --net value: tap=NAME[,mac=MAC][,queues=N][,vhost=on|off].
+// The values themselves are checked by vmm.Config.Validate.
+func parseNet(s string) (vmm.NetConfig, error) {
+	var n vmm.NetConfig
+	seen := map[string]bool{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || v == "" {
+			return n, fmt.Errorf("%q: want key=value pairs, e.g. tap=tap0,queues=2", kv)
+		}
+		if seen[k] {
+			return n, fmt.Errorf("%q: %s given twice", s, k)
+		}
+		seen[k] = true
+		switch k {
+		case "tap":
+			n.TAP = v
+		case "mac":
+			n.MAC = v
+		case "queues":
+			q, err := strconv.Atoi(v)
+			if err != nil || q < 1 {
+				return n, fmt.Errorf("queues=%s: want a number of queue pairs, at least 1", v)
+			}
+			n.Queues = q
+		case "vhost":
+			if v != vmm.VhostOn && v != vmm.VhostOff {
+				return n, fmt.Errorf("vhost=%s: want on or off", v)
+			}
+			n.Vhost = v
+		default:
+			return n, fmt.Errorf("unknown key %q: use tap, mac, queues or vhost", k)
+		}
+	}
+	if n.TAP == "" {
+		return n, fmt.Errorf("%q: no tap=NAME", s)
+	}
+	return n, nil
 }
 
 func describeError(err error) string {

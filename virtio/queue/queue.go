@@ -276,6 +276,28 @@ func (q *Queue) Push(head uint16, written uint32) error {
 	return nil
 }
 
+// Fill writes the used entry offset places past the used index (head, with
+// written bytes) without publishing it; Flush publishes filled entries. A
+// device that returns several chains for one request (virtio-net's
+// mergeable receive buffers) fills them all and flushes once, so the driver
+// never sees part of the request.
+func (q *Queue) Fill(offset, head uint16, written uint32) error {
+	if head >= q.size || offset >= q.size {
+		return fmt.Errorf("virtqueue: fill head %d at offset %d outside queue of %d", head, offset, q.size)
+	}
+	e := q.used[4+8*uint64((q.usedIdx+offset)&(q.size-1)):]
+	binary.LittleEndian.PutUint32(e[0:], uint32(head))
+	binary.LittleEndian.PutUint32(e[4:], written)
+	return nil
+}
+
+// Flush publishes the n entries written by Fill at offsets 0..n-1 with one
+// used-index store (entries before index, as in Push).
+func (q *Queue) Flush(n uint16) {
+	q.usedIdx += n
+	binary.LittleEndian.PutUint16(q.used[2:], q.usedIdx)
+}
+
 // NeedInterrupt reports whether the driver wants an interrupt for the
 // entries pushed since the last call (used_event with EVENT_IDX, else the
 // NO_INTERRUPT flag). Call it once after pushing a batch.

@@ -107,6 +107,39 @@ type Config struct {
 	OnError func(error)
 }
 
+// QueueFDs describe one queue to a device that implements EventFDOwner.
+type QueueFDs struct {
+	// Enabled reports whether the driver enabled the queue; the other
+	// fields are meaningful only then.
+	Enabled bool
+	// Config is the ring layout the driver programmed.
+	Config queue.Config
+	// Kick is the queue's notification eventfd: the KVM ioeventfd on its
+	// doorbell signals it (and so does a doorbell write that exits).
+	Kick int
+	// Call is the irqfd eventfd of the queue's MSI-X vector: a write
+	// raises the vector in KVM (held by the eventfd while the vector is
+	// masked, delivered when the guest unmasks it), or -1 when the driver
+	// gave the queue no vector.
+	Call int
+}
+
+// EventFDOwner is an optional interface of a virtio.Device that waits on
+// some of its queues' doorbells itself instead of through the transport's
+// goroutine: it polls them on its own workers (one per queue pair, say) or
+// hands them to the kernel (vhost: Kick as the vring's kick, Call as its
+// call eventfd, so the data path bypasses hpcvmm entirely).
+//
+// The transport calls TakeEventFDs after DRIVER_OK, just before Activate,
+// with one QueueFDs per queue, and fail, which marks the device
+// DEVICE_NEEDS_RESET and is safe from any goroutine. The device returns
+// which queues it owns: the transport neither polls their Kick eventfds nor
+// calls QueueNotify for them. The eventfds stay the transport's: the device
+// must not close them and must stop using them in Reset.
+type EventFDOwner interface {
+	TakeEventFDs(queues []QueueFDs, fail func(error)) (owned []bool)
+}
+
 type queueState struct {
 	max, size            uint16
 	vector               atomic.Uint32
@@ -360,6 +393,10 @@ func (t *Transport) statusLocked() uint8 {
 // NotifyEventFD returns queue q's notification eventfd (what the ioeventfd
 // signals), for tests and diagnostics.
 func (t *Transport) NotifyEventFD(q int) int { return t.queues[q].notifyFD }
+
+// Device returns the virtio device behind the transport, so the VMM can
+// release device-specific resources (a TAP) after Close.
+func (t *Transport) Device() virtio.Device { return t.dev }
 
 // MSIX returns the function's MSI-X capability.
 func (t *Transport) MSIX() *pci.MSIX { return t.msix }
@@ -677,6 +714,14 @@ func (t *Transport) activate() {
 			qs[i], active[i] = t.queues[i].q, true
 		}
 	}
+	if owner, ok := t.dev.(EventFDOwner); ok {
+		owned := owner.TakeEventFDs(t.queueFDs(), t.fail)
+		for i := range active {
+			if i < len(owned) && owned[i] {
+				active[i] = false
+			}
+		}
+	}
 	if err := t.dev.Activate(t.drvFeatures, qs, t); err != nil {
 		t.fail(fmt.Errorf("activate: %w", err))
 		return
@@ -684,6 +729,20 @@ func (t *Transport) activate() {
 	t.running = true
 	t.done = make(chan struct{})
 	go t.run(t.done, active)
+}
+
+// queueFDs describes every queue for EventFDOwner (under t.mu).
+func (t *Transport) queueFDs() []QueueFDs {
+	fds := make([]QueueFDs, len(t.queues))
+	for i := range t.queues {
+		q := &t.queues[i]
+		fds[i] = QueueFDs{Enabled: q.enabled, Kick: q.notifyFD, Call: -1,
+			Config: queue.Config{Size: q.size, Desc: q.desc, Driver: q.driver, Device: q.device}}
+		if v := q.vector.Load(); v != virtio.NoVector && int(v) < t.msix.Vectors() {
+			fds[i].Call = t.irqfds.EventFD(int(v))
+		}
+	}
+	return fds
 }
 
 // reset stops the device goroutine and returns everything the driver
@@ -738,6 +797,14 @@ func (t *Transport) run(done chan struct{}, active []bool) {
 		}
 	}
 	fds := t.pollFDs
+	for i := range nq {
+		// Queues an EventFDOwner took (inactive here) are not polled: their
+		// kicks belong to the device's own workers or to the kernel.
+		fds[i].Fd = int32(t.queues[i].notifyFD)
+		if !active[i] {
+			fds[i].Fd = -1
+		}
+	}
 	if len(fds) > nq+1 {
 		fds[nq+1].Fd = int32(t.devFD)
 	}

@@ -1,0 +1,138 @@
+package vmm
+
+import (
+	"fmt"
+
+	"github.com/hpcvmm/hpcvmm/uapi"
+	virtionet "github.com/hpcvmm/hpcvmm/virtio/net"
+	"github.com/hpcvmm/hpcvmm/virtio/transport"
+)
+
+// Vhost settings of a NetConfig.
+const (
+	// VhostAuto uses the kernel's vhost-net when /dev/vhost-net works.
+	VhostAuto = ""
+	// VhostOn requires vhost-net.
+	VhostOn = "on"
+	// VhostOff forces hpcvmm's userspace data path.
+	VhostOff = "off"
+)
+
+// NetConfig is one virtio-net interface backed by a host TAP interface.
+type NetConfig struct {
+	// TAP is the host interface name. An existing TAP is attached to (it
+	// must allow this user and, for Queues > 1, be multi_queue); a missing
+	// one is created, brought up, and removed when the VM closes.
+	TAP string
+	// MAC is the guest's address ("02:68:70:00:00:01"); empty derives a
+	// stable, locally administered one from the TAP name.
+	MAC string
+	// Queues is the number of queue pairs (0 means 1), each with its own
+	// TAP queue and worker (or vhost thread).
+	Queues int
+	// Vhost is VhostAuto, VhostOn or VhostOff.
+	Vhost string
+}
+
+// netSlot0 is the PCI slot of the first virtio-net function; interfaces
+// take consecutive slots.
+const (
+	netSlot0 = 8
+	maxNets  = 8
+)
+
+func (c *Config) validateNets() []error {
+	var errs []error
+	if len(c.Nets) > maxNets {
+		errs = append(errs, fieldErr("Nets", "%d interfaces: hpcvmm supports at most %d", len(c.Nets), maxNets))
+	}
+	seen := map[string]bool{}
+	for i, n := range c.Nets {
+		where := fmt.Sprintf("interface %d (tap=%s)", i, n.TAP)
+		if err := virtionet.ValidateTAPName(n.TAP); err != nil {
+			errs = append(errs, fieldErr("Nets", "%s: %v", where, err))
+		}
+		if seen[n.TAP] {
+			errs = append(errs, fieldErr("Nets", "%s: TAP %s is given twice: each interface needs its own TAP", where, n.TAP))
+		}
+		seen[n.TAP] = true
+		if n.MAC != "" {
+			if _, err := virtionet.ParseMAC(n.MAC); err != nil {
+				errs = append(errs, fieldErr("Nets", "%s: %v", where, err))
+			}
+		}
+		if n.Queues < 0 || n.Queues > virtionet.MaxPairs {
+			errs = append(errs, fieldErr("Nets", "%s: queues=%d outside 1-%d", where, n.Queues, virtionet.MaxPairs))
+		}
+		switch n.Vhost {
+		case VhostAuto, VhostOn, VhostOff:
+		default:
+			errs = append(errs, fieldErr("Nets", "%s: vhost=%q: use on or off", where, n.Vhost))
+		}
+	}
+	return errs
+}
+
+// addNets opens each TAP and puts a virtio-net function for it on the PCI
+// root. The TAPs close in closeDevices, after the transports.
+func (vm *VM) addNets() error {
+	var regions []uapi.VhostRegion
+	for _, r := range vm.mem.Regions() {
+		regions = append(regions, uapi.VhostRegion{GPA: r.GPA, Data: r.Data})
+	}
+	for i, n := range vm.cfg.Nets {
+		queues := max(n.Queues, 1)
+		tap, err := virtionet.OpenTAP(n.TAP, queues)
+		if err != nil {
+			return fieldErr("Nets", "interface %d: %v", i, err)
+		}
+		mtu, err := tap.MTU()
+		if err != nil {
+			tap.Close()
+			return fmt.Errorf("virtio-net %s: %w", n.TAP, err)
+		}
+		opts := virtionet.Options{
+			Name: n.TAP, MTU: mtu, Pairs: queues, Memory: vm.mem, Regions: regions,
+			OnError: func(err error) { vm.log.Warn("virtio-net", "tap", n.TAP, "err", err) },
+		}
+		if n.MAC != "" {
+			opts.MAC, _ = virtionet.ParseMAC(n.MAC) // validated
+		}
+		switch n.Vhost {
+		case VhostOn:
+			opts.Vhost = virtionet.VhostOn
+		case VhostOff:
+			opts.Vhost = virtionet.VhostOff
+		}
+		dev, err := virtionet.New(tap, opts)
+		if err != nil {
+			tap.Close()
+			return fieldErr("Nets", "interface %d: %v", i, err)
+		}
+		tr, err := transport.New(dev, transport.Config{
+			Memory: vm.mem, Router: vm.irq, Notifier: vm.irq,
+			OnError: func(err error) { vm.log.Warn("virtio-net", "tap", n.TAP, "err", err) },
+		})
+		if err != nil {
+			dev.Close()
+			return fmt.Errorf("virtio-net %s: %w", n.TAP, err)
+		}
+		vm.transports = append(vm.transports, tr)
+		if err := vm.pci.AddDevice(netSlot0+i, "virtio-net "+n.TAP, tr); err != nil {
+			return err
+		}
+		vhost, why := dev.Vhost()
+		vm.log.Info("virtio-net", "tap", n.TAP, "created", tap.Created(), "mac", dev.MAC().String(),
+			"queues", queues, "mtu", mtu, "vhost", vhost, "why_not_vhost", why)
+	}
+	return nil
+}
+
+// closeNet releases what a virtio-net transport's device holds (its TAP)
+// once the transport is closed; other devices are left alone.
+func closeNet(t *transport.Transport) error {
+	if d, ok := t.Device().(*virtionet.Device); ok {
+		return d.Close()
+	}
+	return nil
+}

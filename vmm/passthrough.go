@@ -1,0 +1,315 @@
+package vmm
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/hpcvmm/hpcvmm/boot"
+	"github.com/hpcvmm/hpcvmm/iommu"
+	"github.com/hpcvmm/hpcvmm/uapi"
+	"github.com/hpcvmm/hpcvmm/vfio"
+	"github.com/hpcvmm/hpcvmm/vmm/guestmem"
+	"github.com/hpcvmm/hpcvmm/vmm/host"
+	"github.com/hpcvmm/hpcvmm/vmm/hoststate"
+	"github.com/hpcvmm/hpcvmm/vmm/pci"
+)
+
+// PassthroughConfig lists the host PCI devices given to the guest whole,
+// through VFIO: their BARs mapped into guest memory, their DMA reaching
+// guest RAM through the IOMMU, their MSI/MSI-X delivered by KVM.
+type PassthroughConfig struct {
+	// GPUs are "BDF" or "BDF,clique=N" (NVIDIA GPUDirect P2P clique).
+	GPUs []string
+	// VFs are SR-IOV virtual functions ("BDF"); each must have a physfn.
+	VFs []string
+	// Bind rebinds devices held by a host driver to vfio-pci for the VM's
+	// lifetime and gives them back afterwards (journaled, so `hpcvmm
+	// unbind` can restore them after a crash).
+	Bind bool
+	// NoP2P skips DMA-mapping the BARs into the IOMMU, which otherwise lets
+	// the devices reach each other's BARs (GPU<->GPU, GPU<->NIC RDMA).
+	NoP2P bool
+	// StateDir holds the host-state journals; "" means the default.
+	StateDir string
+}
+
+// specs parses the device strings; errors name the flag.
+func (p PassthroughConfig) specs() ([]vfio.Spec, error) {
+	var out []vfio.Spec
+	var errs []error
+	seen := map[host.BDF]bool{}
+	add := func(list []string, vf bool) {
+		for _, s := range list {
+			sp, err := vfio.ParseSpec(s, vf)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if seen[sp.BDF] {
+				errs = append(errs, fmt.Errorf("device %s is given twice", sp.BDF))
+				continue
+			}
+			seen[sp.BDF] = true
+			out = append(out, sp)
+		}
+	}
+	add(p.GPUs, false)
+	add(p.VFs, true)
+	return out, errors.Join(errs...)
+}
+
+// firstPassthroughSlot is the PCI slot of the first passed-through device;
+// hpcvmm's own devices sit below it.
+const firstPassthroughSlot = 8
+
+// intxPin returns the IOAPIC pin for slot's INTA#: the PCI pins 16-23 of
+// the IOAPIC, rotated by slot like a PC's interrupt swizzle so devices do
+// not all share one line.
+func intxPin(slot int) uint8 { return uint8(16 + slot%8) }
+
+// passthrough is the VM's VFIO state.
+type passthrough struct {
+	specs   []vfio.Spec
+	devs    []*host.Device
+	bound   []bool
+	journal *hoststate.Journal
+	ctr     *iommu.Container
+	kv      *vfio.KVMVFIO
+	pcidevs []*vfio.PCIDevice
+}
+
+// checkPassthrough runs the host-side checks for every device before
+// anything on the host changes, and returns the NUMA node of the first
+// device (-1 when unknown).
+func (vm *VM) checkPassthrough(h *host.Host) (node int, err error) {
+	specs, err := vm.cfg.Passthrough.specs()
+	if err != nil {
+		return -1, fieldErr("Passthrough", "%v", err)
+	}
+	if len(specs) == 0 {
+		return -1, nil
+	}
+	pt := &passthrough{specs: specs}
+	for _, sp := range specs {
+		dev, bound, err := vfio.CheckDevice(h, sp, vm.cfg.Passthrough.Bind)
+		if err != nil {
+			return -1, fieldErr("Passthrough", "%v", err)
+		}
+		if sp.VF && dev.PhysFn != nil {
+			vm.log.Info("SR-IOV virtual function", "vf", sp.BDF.String(), "pf", dev.PhysFn.String())
+		}
+		pt.devs = append(pt.devs, dev)
+		pt.bound = append(pt.bound, bound)
+	}
+	vm.pt = pt
+	return pt.devs[0].NUMANode, nil
+}
+
+// bindDevices rebinds the devices that need it to vfio-pci, journaling
+// each change first.
+func (vm *VM) bindDevices(sysRoot, procRoot string) error {
+	pt := vm.pt
+	if pt == nil {
+		return nil
+	}
+	for i, dev := range pt.devs {
+		if pt.bound[i] {
+			continue
+		}
+		if pt.journal == nil {
+			pt.journal = hoststate.Open(hoststate.Options{StateDir: vm.cfg.Passthrough.StateDir, SysfsRoot: sysRoot, ProcRoot: procRoot})
+		}
+		if err := pt.journal.Bind(dev.BDF); err != nil {
+			return fmt.Errorf("--bind %s: %w", dev.BDF, err)
+		}
+		vm.log.Info("rebound to vfio-pci for this VM", "device", dev.BDF.String(), "was", dev.Driver, "journal", pt.journal.Path())
+		// The group node appears once vfio-pci owns the device.
+		refreshed, err := host.New(sysRoot, procRoot).Device(dev.BDF)
+		if err != nil {
+			return fmt.Errorf("--bind %s: %w", dev.BDF, err)
+		}
+		pt.devs[i] = refreshed
+	}
+	return nil
+}
+
+// mpInterrupts describes the passed-through devices' INTx lines in the MP
+// table, so the guest routes INTA# of each to its IOAPIC pin (level,
+// active low, as PCI wants).
+func (vm *VM) mpOptions() boot.MPOptions {
+	if vm.pt == nil {
+		return boot.MPOptions{}
+	}
+	const pciBusID = 1 // the MP table's first PCI bus entry is PCI bus 0
+	opts := boot.MPOptions{Buses: []boot.MPBus{{ID: pciBusID, Type: "PCI"}}}
+	for i := range vm.pt.devs {
+		slot := firstPassthroughSlot + i
+		opts.Interrupts = append(opts.Interrupts, boot.MPInterrupt{
+			Type: boot.MPIntINT, Flags: boot.MPPolarityActiveLow | boot.MPTriggerLevel,
+			SrcBus: pciBusID, SrcIRQ: uint8(slot << 2), DstPin: intxPin(slot),
+		})
+	}
+	return opts
+}
+
+// addPassthroughDevices opens every device through one VFIO container
+// shared by all of them, DMA-maps guest RAM into it once per region, and
+// puts the devices on the PCI bus.
+func (vm *VM) addPassthroughDevices() error {
+	pt := vm.pt
+	if pt == nil {
+		return nil
+	}
+	var err error
+	if pt.ctr, err = iommu.Open(iommu.Options{}); err != nil {
+		return err
+	}
+	if pt.kv, err = vfio.NewKVMVFIO(vm.vm); err != nil {
+		return err
+	}
+	files := make([]*uapi.VFIODevice, len(pt.devs))
+	for i, dev := range pt.devs {
+		if files[i], err = vfio.OpenDevice(pt.ctr, pt.kv, dev); err != nil {
+			for _, f := range files[:i] {
+				f.Close()
+			}
+			return err
+		}
+	}
+	// The IOMMU type is set when the first group joins the container, so
+	// guest RAM can be mapped only now: once, for all devices.
+	if err := pt.ctr.MapGuestRAM(vm.mem.Regions()); err != nil {
+		for _, f := range files {
+			f.Close()
+		}
+		return err
+	}
+	vm.log.Info("guest RAM DMA-mapped", "map_dma_calls", pt.ctr.MapCalls(), "regions", len(vm.mem.Regions()))
+	var p2p vfio.P2PMapper
+	if !vm.cfg.Passthrough.NoP2P {
+		p2p = pt.ctr
+	}
+	for i, dev := range pt.devs {
+		sp := pt.specs[i]
+		slot := firstPassthroughSlot + i
+		pd, err := vfio.NewPCIDevice(files[i], vfio.Config{
+			Name:   dev.BDF.String(),
+			Router: vm.irq, INTx: vm.irq, INTxGSI: uint32(intxPin(slot)),
+			Memslots: vm.slots, P2P: p2p,
+			HasClique: sp.Clique >= 0, Clique: uint8(max(sp.Clique, 0)),
+			OnError: func(err error) { vm.log.Warn("passthrough", "device", dev.BDF.String(), "err", err) },
+		})
+		if err != nil {
+			for _, f := range files[i+1:] {
+				f.Close()
+			}
+			return err
+		}
+		pt.pcidevs = append(pt.pcidevs, pd)
+		for _, w := range pd.Warnings() {
+			vm.log.Warn(w)
+		}
+		if err := vm.pci.AddDevice(slot, dev.BDF.String(), pd); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// check64BitWindow fails clearly when the passed-through devices' 64-bit
+// BARs cannot fit the guest's 64-bit MMIO window.
+func (vm *VM) check64BitWindow(size uint64, physBits int) error {
+	if vm.pt == nil {
+		return nil
+	}
+	var need uint64
+	for _, pd := range vm.pt.pcidevs {
+		for _, b := range pd.BARs() {
+			if b.Kind == pci.BARMem64 {
+				need += b.Size
+			}
+		}
+	}
+	if need > size {
+		return fmt.Errorf("the devices' 64-bit BARs need %s of guest physical address space above RAM, but %d physical address bits leave %s: use less --memory or a host with more address bits",
+			guestmem.FormatSize(need), physBits, guestmem.FormatSize(size))
+	}
+	return nil
+}
+
+// closePassthrough releases the devices (each reset after use), the
+// KVM-VFIO device and the container (unmapping all DMA), then gives every
+// rebound device back to its driver.
+func (vm *VM) closePassthrough() error {
+	pt := vm.pt
+	if pt == nil {
+		return nil
+	}
+	var errs []error
+	for _, pd := range pt.pcidevs {
+		errs = append(errs, pd.Close())
+	}
+	if pt.kv != nil {
+		errs = append(errs, pt.kv.Close())
+	}
+	if pt.ctr != nil {
+		errs = append(errs, pt.ctr.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// restoreHost gives rebound devices back to their drivers. It runs after
+// the VM and its fds are gone: vfio-pci will not release a device that is
+// still open.
+func (vm *VM) restoreHost() error {
+	if vm.pt == nil || vm.pt.journal == nil {
+		return nil
+	}
+	return vm.pt.journal.Restore()
+}
+
+// memslots hands out KVM memory slots above the guest RAM slots, for BAR
+// mappings installed and removed as the guest moves BARs.
+type memslots struct {
+	vm   *uapi.VM
+	mu   sync.Mutex
+	next uint32
+	free []uint32
+}
+
+// AddMemslot maps host memory mem at guest-physical gpa.
+func (m *memslots) AddMemslot(gpa uint64, mem []byte) (uint32, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var slot uint32
+	if n := len(m.free); n > 0 {
+		slot, m.free = m.free[n-1], m.free[:n-1]
+	} else {
+		slot = m.next
+		m.next++
+	}
+	if err := m.vm.SetUserMemoryRegion(uapi.UserspaceMemoryRegion{Slot: slot, GuestPhysAddr: gpa, Memory: mem}); err != nil {
+		m.free = append(m.free, slot)
+		return 0, err
+	}
+	return slot, nil
+}
+
+// RemoveMemslot deletes a slot made by AddMemslot.
+func (m *memslots) RemoveMemslot(slot uint32) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.vm.SetUserMemoryRegion(uapi.UserspaceMemoryRegion{Slot: slot}); err != nil {
+		return err
+	}
+	m.free = append(m.free, slot)
+	return nil
+}
+
+// AssignResampleIRQFD wires a level-triggered INTx line: eventFD raises
+// gsi, and KVM signals resampleFD when the guest EOIs it so the device
+// model can re-check the line.
+func (r *irqRouter) AssignResampleIRQFD(eventFD, resampleFD int, gsi uint32) error {
+	return r.vm.IRQFD(eventFD, gsi, resampleFD)
+}
