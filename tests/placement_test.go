@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -117,7 +118,7 @@ func TestBadInputIsRejectedBeforeTheHostChanges(t *testing.T) {
 			{"too many cpus", []string{"--kernel", kernel, "--cpus", "4096"}, []string{"--cpus", "at most"}},
 			{"unknown node", []string{"--kernel", kernel, "--numa-node", "7", "--hugepages", "none", "--memory", "256M"}, []string{"--numa-node", "node 7 does not exist"}},
 			{"not enough hugepages", []string{"--kernel", kernel, "--memory", fmt.Sprintf("%dG", free1G+1), "--hugepages", "1G"},
-				[]string{"--memory", fmt.Sprintf("%d are free", free1G), "hugepages-1048576kB/nr_hugepages"}},
+				[]string{fmt.Sprintf("%d free 1G hugepages", free1G), fmt.Sprintf("VM needs %d", free1G+1), "hugepages-1048576kB/nr_hugepages"}},
 			{"bad page size", []string{"--kernel", kernel, "--hugepages", "3M"}, []string{"--hugepages", "3M"}},
 			{"bad size", []string{"--kernel", kernel, "--memory", "lots"}, []string{"--memory", "lots"}},
 		}
@@ -135,5 +136,28 @@ func TestBadInputIsRejectedBeforeTheHostChanges(t *testing.T) {
 				assert.Equal(t, before, readHugeState(t), "hugepages after the rejected run")
 			})
 		}
+	})
+}
+
+// TestSIGTERMStopsTheVMAndReleasesItsHugepages stops a running guest with
+// SIGTERM: hpcvmm exits non-zero with the reason, and the 1 GiB page its
+// guest RAM held is free again.
+func TestSIGTERMStopsTheVMAndReleasesItsHugepages(t *testing.T) {
+	harness.Run(t, harness.ProfileBasic, func(t *testing.T, env *harness.Env) {
+		before := readHugeState(t)
+		vm := env.StartVM(t, "run",
+			"--kernel", env.L2Kernel(t), "--initrd", env.L2Initrd(t),
+			"--cmdline", "console=ttyS0 reboot=k panic=-1 hpcvmm.scenario=boot hpcvmm.hold=600",
+			"--cpus", "1", "--memory", "1G", "--hugepages", "1G", "--console", "none",
+		)
+		_, ok := vm.WaitForLine("HPCVMM-GUEST-MARKER holding", 3*time.Minute)
+		require.True(t, ok, "the guest never reached its hold")
+		assert.Equal(t, before.free1G-1, readHugeState(t).free1G, "the running guest holds one 1 GiB page")
+
+		require.NoError(t, syscall.Kill(vm.PID(), syscall.SIGTERM))
+		code := vm.Wait()
+		assert.Equal(t, 1, code, "exit status after SIGTERM")
+		assert.Contains(t, vm.Log(), "received terminated", "hpcvmm names the signal that stopped it")
+		assert.Equal(t, before, readHugeState(t), "hugepages after hpcvmm stopped")
 	})
 }

@@ -4,10 +4,16 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/hpcvmm/hpcvmm/vmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/vmm/host"
 	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
+
+// Automatic NUMA balancing: mainline Linux has no per-process switch (a
+// PR_SET_NUMA_BALANCING prctl was proposed but not merged), so hpcvmm does
+// not try one. It does not need it: balancing skips hugetlb mappings, guest
+// RAM is bound to one node with MPOL_BIND (nothing to migrate to), and
+// vCPU threads are pinned. Only --hugepages none leaves guest RAM exposed
+// to balancing's hinting faults; New warns about that.
 
 // placement is where on the host the VM lives: one NUMA node for its RAM,
 // and one host CPU per vCPU.
@@ -87,14 +93,6 @@ func choosePlacement(cfg *Config, h *host.Host, deviceNode int) (placement, erro
 	p.vcpuCPUs = make([]int, cfg.CPUs)
 	for i := range p.vcpuCPUs {
 		p.vcpuCPUs[i] = cpus[i%len(cpus)]
-	}
-	if page := cfg.pageSize(); page != guestmem.Page4K {
-		need := cfg.Memory / uint64(page)
-		pool, _ := node.Pool(uint64(page))
-		if pool.Free < need {
-			return p, fieldErr("Memory", "%s of guest RAM needs %d free %s hugepages on NUMA node %d, but %d are free (of %d reserved): raise the pool, e.g. echo %d > %s, or use --hugepages with another size",
-				guestmem.FormatSize(cfg.Memory), need, page, p.node, pool.Free, pool.Total, pool.Total+need-pool.Free, host.NrHugepagesPath(p.node, uint64(page), node.PerNode))
-		}
 	}
 	return p, nil
 }

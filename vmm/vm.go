@@ -39,6 +39,7 @@ import (
 	"github.com/hpcvmm/hpcvmm/vmm/host"
 	"github.com/hpcvmm/hpcvmm/vmm/pci"
 	"github.com/hpcvmm/hpcvmm/vmm/platform"
+	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
 
 // Fixed platform addresses (see docs/architecture.md).
@@ -156,9 +157,6 @@ func New(cfg Config) (_ *VM, err error) {
 		procRoot = "/proc"
 	}
 	h := host.New(sysRoot, procRoot)
-	if err := checkKVMBackend(h); err != nil {
-		return nil, err
-	}
 	devNode, err := vm.checkPassthrough(h)
 	if err != nil {
 		return nil, err
@@ -166,12 +164,20 @@ func New(cfg Config) (_ *VM, err error) {
 	if vm.place, err = choosePlacement(&cfg, h, devNode); err != nil {
 		return nil, err
 	}
+	// The checks `hpcvmm check` runs, with the same messages, before
+	// anything on the host changes.
+	if rep := preflight.Run(h, vm.preflightRequest()); !rep.OK() {
+		return nil, &PreflightError{Report: rep}
+	}
 	if devNode >= 0 && devNode != vm.place.node {
 		log.Warn("guest RAM and vCPUs are on another NUMA node than the first passthrough device: its DMA and interrupts cross the interconnect",
 			"vm_node", vm.place.node, "device_node", devNode)
 	}
 	log.Info("placement", "numa_node", vm.place.node, "why", vm.place.why,
 		"vcpu_host_cpus", host.FormatCPUList(vm.place.vcpuCPUs), "hugepages", cfg.pageSize().String())
+	if on, _ := h.NUMABalancing(); on && cfg.pageSize() == guestmem.Page4K {
+		log.Warn("automatic NUMA balancing is on and guest RAM is on 4 KiB pages: the guest will take hinting faults; use hugepages, or echo 0 > /proc/sys/kernel/numa_balancing")
+	}
 	if cfg.pageSize() == guestmem.Page4K {
 		log.Warn("guest RAM on 4 KiB pages: for development only; HPC guests lose TLB reach and VFIO needs many more DMA mappings (use --hugepages 1G)")
 	}
@@ -259,18 +265,6 @@ func New(cfg Config) (_ *VM, err error) {
 	}
 	log.Debug("VM built", "elapsed", time.Since(start).Round(time.Microsecond))
 	return vm, nil
-}
-
-// ErrPVM reports a KVM that cannot run stock guest kernels.
-var ErrPVM = errors.New("this host's /dev/kvm is provided by kvm_pvm (pagetable-based virtualization), which runs only guest kernels built for PVM; a stock kernel hangs at its first instruction: run hpcvmm on a host with hardware virtualization (kvm_intel or kvm_amd)")
-
-// checkKVMBackend refuses KVM backends that cannot run a stock kernel,
-// which would otherwise hang silently with no exit to explain it.
-func checkKVMBackend(h *host.Host) error {
-	if h.KVMBackend() == "kvm_pvm" {
-		return ErrPVM
-	}
-	return nil
 }
 
 // addPlatformDevices wires the UART, the i8042 reset line and the catch-all

@@ -225,7 +225,7 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	vm, err := vmm.New(cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "hpcvmm:", describeError(err))
-		if errors.As(err, new(*vmm.FieldError)) {
+		if errors.As(err, new(*vmm.FieldError)) || errors.As(err, new(*vmm.PreflightError)) {
 			return 2
 		}
 		return 1

@@ -53,6 +53,8 @@ type Layout struct {
 	KVM string
 	// Modules is /sys/module: which KVM backend is loaded.
 	Modules string
+	// NUMABalancing is /proc/sys/kernel/numa_balancing.
+	NUMABalancing string
 }
 
 // Host reads one host tree. The zero value is not usable; call New or
@@ -86,6 +88,7 @@ func StandardLayout(sysRoot, procRoot string) Layout {
 		CPUInfo:              filepath.Join(procRoot, "cpuinfo"),
 		KVM:                  filepath.Join(filepath.Dir(sysRoot), "dev/kvm"),
 		Modules:              filepath.Join(sysRoot, "module"),
+		NUMABalancing:        filepath.Join(procRoot, "sys/kernel/numa_balancing"),
 	}
 }
 

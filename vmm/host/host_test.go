@@ -422,3 +422,15 @@ func TestKVMBackend(t *testing.T) {
 	require.NoError(t, os.MkdirAll(filepath.Join(root, "sys/module/kvm_amd"), 0o755))
 	assert.Equal(t, "kvm_amd", h.KVMBackend(), "a hardware backend wins")
 }
+
+func TestNUMABalancing(t *testing.T) {
+	root := t.TempDir()
+	h := host.New(filepath.Join(root, "sys"), filepath.Join(root, "proc"))
+	_, ok := h.NUMABalancing()
+	assert.False(t, ok, "unknown without the file")
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "proc/sys/kernel"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "proc/sys/kernel/numa_balancing"), []byte("1\n"), 0o644))
+	on, ok := h.NUMABalancing()
+	assert.True(t, ok)
+	assert.True(t, on)
+}

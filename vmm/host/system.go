@@ -171,3 +171,16 @@ func (h *Host) KVMBackend() string {
 	}
 	return ""
 }
+
+// NUMABalancing reports whether the kernel's automatic NUMA balancing is
+// on (/proc/sys/kernel/numa_balancing non-zero); ok is false when unknown.
+func (h *Host) NUMABalancing() (on, ok bool) {
+	if h.Layout.NUMABalancing == "" {
+		return false, false
+	}
+	v, err := readUint(h.Layout.NUMABalancing, 64)
+	if err != nil {
+		return false, false
+	}
+	return v != 0, true
+}

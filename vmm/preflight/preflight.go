@@ -30,6 +30,10 @@ type Request struct {
 	CPUs int `json:"cpus"`
 	// NUMANode is the node to run on, or -1 to choose (see ChooseNode).
 	NUMANode int `json:"numa_node"`
+	// AllowBind says hpcvmm will rebind devices held by a host driver to
+	// vfio-pci itself (hpcvmm run --bind): such a device is a warning, not
+	// a failure.
+	AllowBind bool `json:"allow_bind"`
 	// KVMCheck, if set, is called when the KVM device exists, with its
 	// path, to check the capabilities hpcvmm needs. Opening /dev/kvm is the
 	// uapi package's job, so the CLI plugs the probe in here.
@@ -385,10 +389,14 @@ func (c *checker) device(d *host.Device, isVF bool) {
 	switch {
 	case host.IsVFIODriver(d.Driver):
 		c.add("driver", subj, Pass, "", "bound to %s", d.Driver)
+	case d.Driver == "" && c.req.AllowBind:
+		c.add("driver", subj, Warn, "", "no driver bound; --bind binds it to vfio-pci for the VM")
 	case d.Driver == "":
-		c.add("driver", subj, Fail, BindFix(d.BDF, ""), "no driver bound; VFIO needs vfio-pci")
+		c.add("driver", subj, Fail, "hpcvmm bind "+subj+" (or hpcvmm run --bind), or by hand: "+BindFix(d.BDF, ""), "no driver bound; VFIO needs vfio-pci")
+	case c.req.AllowBind:
+		c.add("driver", subj, Warn, "", "bound to %q; --bind rebinds it to vfio-pci for the VM and gives it back afterwards", d.Driver)
 	default:
-		c.add("driver", subj, Fail, BindFix(d.BDF, d.Driver), "bound to %s (in use by the host); VFIO needs vfio-pci", d.Driver)
+		c.add("driver", subj, Fail, "hpcvmm bind "+subj+" (or hpcvmm run --bind), or by hand: "+BindFix(d.BDF, d.Driver), "bound to %s (in use by the host); VFIO needs vfio-pci", d.Driver)
 	}
 
 	c.group(d)

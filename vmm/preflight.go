@@ -1,0 +1,45 @@
+package vmm
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/hpcvmm/hpcvmm/vmm/preflight"
+)
+
+// PreflightError is New's error when the host cannot run the VM: the
+// failed checks of the report `hpcvmm check` prints, with their fixes.
+type PreflightError struct {
+	Report preflight.Report
+}
+
+func (e *PreflightError) Error() string {
+	var b strings.Builder
+	b.WriteString("the host cannot run this VM (hpcvmm check shows the full report):")
+	for _, r := range e.Report.Failures() {
+		fmt.Fprintf(&b, "\n  %s %s: %s", r.Name, r.Subject, r.Detail)
+		if r.Fix != "" {
+			fmt.Fprintf(&b, "\n    fix: %s", r.Fix)
+		}
+	}
+	return b.String()
+}
+
+// preflightRequest describes this VM to the preflight checks, on the node
+// placement chose.
+func (vm *VM) preflightRequest() preflight.Request {
+	req := preflight.Request{
+		Memory: vm.cfg.Memory, PageSize: uint64(vm.cfg.pageSize()), CPUs: vm.cfg.CPUs,
+		NUMANode: vm.place.node, AllowBind: vm.cfg.Passthrough.Bind,
+	}
+	if vm.pt != nil {
+		for _, sp := range vm.pt.specs {
+			if sp.VF {
+				req.VFs = append(req.VFs, sp.BDF.String())
+			} else {
+				req.GPUs = append(req.GPUs, sp.BDF.String())
+			}
+		}
+	}
+	return req
+}
