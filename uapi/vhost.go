@@ -15,8 +15,8 @@ const (
 	iowVhost uintptr = iocWrite<<iocDirShift | vhostType<<iocTypeShift
 	iorVhost uintptr = iocRead<<iocDirShift | vhostType<<iocTypeShift
 
-	vhostGetFeatures    = iorVhost | 8<<iocSizeShift | 0x00
-	vhostSetFeatures    = iowVhost | 8<<iocSizeShift | 0x00
+	vhostGetFeatures    = iorVhost | 8<<iocSizeShift // nr 0x00
+	vhostSetFeatures    = iowVhost | 8<<iocSizeShift // nr 0x00
 	vhostSetOwner       = ioVhost | 0x01
 	vhostSetMemTable    = iowVhost | unsafe.Sizeof(vhostMemory{})<<iocSizeShift | 0x03
 	vhostSetVringNum    = iowVhost | unsafe.Sizeof(vhostVringState{})<<iocSizeShift | 0x10

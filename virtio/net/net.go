@@ -294,10 +294,6 @@ func (d *Device) Activate(features uint64, queues []*queue.Queue, irq virtio.Int
 	if err := d.backend.SetOffload(tunOffloads(features)); err != nil {
 		return fmt.Errorf("virtio-net %s: %w", d.opts.Name, err)
 	}
-	// Until VQ_PAIRS_SET only the first pair is in use (virtio 5.1.6.5.5).
-	if err := d.setActivePairs(1); err != nil {
-		return err
-	}
 	if d.pairs > 1 && features&FeatureCtrlVQ != 0 {
 		d.ctrl = queues[2*d.pairs]
 		if d.ctrlCh == nil {
@@ -306,14 +302,22 @@ func (d *Device) Activate(features uint64, queues []*queue.Queue, irq virtio.Int
 	}
 	d.running = true
 	if d.vhost {
+		// vhost-net refuses a detached TAP queue as a backend (its poll
+		// reports EPOLLERR), so attach every queue for the setup and
+		// detach the unused ones afterwards, as QEMU does.
+		if err := d.setActivePairs(d.pairs); err != nil {
+			d.stop()
+			return err
+		}
 		if err := d.startVhost(features, queues); err != nil {
 			d.stop()
 			return err
 		}
-		return nil
+	} else {
+		d.startWorkers(features, queues)
 	}
-	d.startWorkers(features, queues)
-	return nil
+	// Until VQ_PAIRS_SET only the first pair is in use (virtio 5.1.6.5.5).
+	return d.setActivePairs(1)
 }
 
 // setActivePairs attaches the backend queues of the first n pairs and
