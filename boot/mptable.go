@@ -80,8 +80,8 @@ var (
 	mpProductID  = []byte("HPCVMM      ") // 12 bytes
 )
 
-// MPBus is an extra bus entry, e.g. {ID: 1, Type: "PCI"} once there is a PCI
-// root complex. Type is at most 6 characters (MP spec table 4-8 bus type
+// MPBus is an extra bus entry, e.g. {ID: 0, Type: "PCI"} once there is a PCI
+// root complex (with MPOptions.ISABus moved off 0). Type is at most 6 characters (MP spec table 4-8 bus type
 // strings) and is padded with spaces.
 type MPBus struct {
 	ID   uint8
@@ -96,7 +96,8 @@ type MPInterrupt struct {
 	// Flags combine an MPPolarity* and an MPTrigger* value; 0 conforms to
 	// the bus (PCI wants MPPolarityActiveLow|MPTriggerLevel).
 	Flags uint16
-	// SrcBus is the ID of the source bus (ISABusID or one of MPOptions.Buses).
+	// SrcBus is the ID of the source bus (MPOptions.ISABus or one of
+	// MPOptions.Buses).
 	SrcBus uint8
 	// SrcIRQ is the ISA IRQ or, on PCI, (device<<2)|(INTx pin - 1).
 	SrcIRQ uint8
@@ -114,7 +115,14 @@ type MPOptions struct {
 	// (GSI 0 -> pin 2); IRQ 2, the 8259 cascade, then gets no entry, like the
 	// MP spec's default configurations.
 	IRQ0Pin uint8
-	// Buses are added after the ISA bus (ID 0).
+	// ISABus is the ISA bus's ID (default ISABusID, 0). A table with PCI
+	// buses must give PCI bus 0 the ID 0 and move ISA (e.g. to 1, where
+	// SeaBIOS puts it after the PCI buses): Linux looks a PCI device's
+	// INTx entry up by comparing the device's bus number with the MP bus
+	// ID (IO_APIC_get_PCI_irq_vector), so a PCI bus with another ID
+	// leaves every PCI INTx without an IRQ.
+	ISABus uint8
+	// Buses are added after the ISA bus.
 	Buses []MPBus
 	// Interrupts are added after the ISA IRQ 0-15 entries.
 	Interrupts []MPInterrupt
@@ -182,7 +190,7 @@ func WriteMPTableWithOptions(mem Memory, addr uint64, cpus int, opts MPOptions) 
 		le.PutUint32(e[4:], cpuSignature)
 		le.PutUint32(e[8:], cpuFeatures)
 	}
-	buses := append([]MPBus{{ID: ISABusID, Type: "ISA"}}, opts.Buses...)
+	buses := append([]MPBus{{ID: opts.ISABus, Type: "ISA"}}, opts.Buses...)
 	for _, b := range buses {
 		e := put(mpcBusSize)
 		e[0] = mpEntryBus
@@ -218,7 +226,7 @@ func WriteMPTableWithOptions(mem Memory, addr uint64, cpus int, opts MPOptions) 
 				pin = 2
 			}
 		}
-		intSrc(MPInterrupt{Type: MPIntINT, SrcBus: ISABusID, SrcIRQ: irq, DstPin: pin})
+		intSrc(MPInterrupt{Type: MPIntINT, SrcBus: opts.ISABus, SrcIRQ: irq, DstPin: pin})
 	}
 	for _, in := range opts.Interrupts {
 		intSrc(in)
@@ -227,7 +235,7 @@ func WriteMPTableWithOptions(mem Memory, addr uint64, cpus int, opts MPOptions) 
 		e := put(mpcLIntSrcSize)
 		e[0] = mpEntryLIntSrc
 		e[1] = typ
-		e[4] = ISABusID
+		e[4] = opts.ISABus
 		e[5] = 0
 		e[6] = lapicAllDest
 		e[7] = byte(lint)
@@ -267,7 +275,7 @@ func validateMP(addr uint64, cpus int, opts MPOptions) error {
 	if opts.IRQ0Pin != 0 && opts.IRQ0Pin != 2 {
 		return fmt.Errorf("boot: MP table: IRQ0Pin %d: ISA IRQ 0 can only go to IOAPIC pin 0 or 2", opts.IRQ0Pin)
 	}
-	known := map[uint8]bool{ISABusID: true}
+	known := map[uint8]bool{opts.ISABus: true}
 	for _, b := range opts.Buses {
 		if known[b.ID] {
 			return fmt.Errorf("boot: MP table: bus ID %d (%q) is used twice", b.ID, b.Type)

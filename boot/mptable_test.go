@@ -205,3 +205,29 @@ func TestWriteMPTableRejects(t *testing.T) {
 		})
 	}
 }
+
+// TestWriteMPTablePCIBusZero checks the layout Linux needs for PCI INTx: PCI
+// bus 0 as MP bus 0 (Linux compares the device's bus number with the MP bus
+// ID), ISA moved to ID 1 with its IRQ and local interrupt entries following.
+func TestWriteMPTablePCIBusZero(t *testing.T) {
+	mem := newFakeMem(1 << 20)
+	opts := MPOptions{
+		ISABus: 1,
+		Buses:  []MPBus{{ID: 0, Type: "PCI"}},
+		Interrupts: []MPInterrupt{
+			{Type: MPIntINT, Flags: MPPolarityActiveLow | MPTriggerLevel, SrcBus: 0, SrcIRQ: 8 << 2, DstPin: 16},
+		},
+	}
+	require.NoError(t, WriteMPTableWithOptions(mem, 0x9fc00, 1, opts))
+	tab := parseMPTable(t, mem, 0x9fc00)
+	assert.Equal(t, map[uint8]string{1: "ISA   ", 0: "PCI   "}, tab.Buses)
+	require.Len(t, tab.Intrs, 17)
+	for irq := 0; irq < 16; irq++ {
+		assert.Equal(t, uint8(1), tab.Intrs[irq].SrcBus, "ISA IRQ %d's source bus", irq)
+	}
+	assert.Equal(t, mpIntr{Type: MPIntINT, Flags: 0xf, SrcBus: 0, SrcIRQ: 32, DstAPIC: 1, DstPin: 16}, tab.Intrs[16])
+	for _, l := range tab.LIntrs {
+		assert.Equal(t, uint8(1), l.SrcBus, "local interrupt entries name the ISA bus")
+	}
+	assert.ErrorContains(t, WriteMPTableWithOptions(mem, 0x9fc00, 1, MPOptions{ISABus: 1, Buses: []MPBus{{ID: 1, Type: "PCI"}}}), "used twice")
+}

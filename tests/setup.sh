@@ -18,6 +18,7 @@ packages=(
 	xz-utils       # decompresses .ko.xz modules of newer kernels
 	iproute2 ethtool # TAP / NIC setup in scenarios
 	gcc libc6-dev    # uapi ABI conformance test (compiles C)
+	make linux-headers-amd64 # builds the L2 guest's edu MSI test module (tests/guest/edumsi)
 	ca-certificates  # go module downloads over HTTPS
 )
 

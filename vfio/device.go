@@ -102,6 +102,9 @@ type barState struct {
 	slots   []uint32
 	p2pAt   uint64
 	p2pIOVA []uint64
+
+	// Guest accesses that reached hpcvmm (guarded by PCIDevice.mu).
+	msixAccesses, otherAccesses uint64
 }
 
 // PCIDevice is a passed-through PCI function as a vmm/pci endpoint.
@@ -189,6 +192,9 @@ func (p *PCIDevice) report(err error) {
 // that could not be mmapped and is trapped, ...).
 func (p *PCIDevice) Warnings() []string { return append([]string(nil), p.warnings...) }
 
+// Name returns the device's label (Config.Name, e.g. its BDF).
+func (p *PCIDevice) Name() string { return p.cfg.Name }
+
 // CanReset reports whether VFIO offers a reset for the device.
 func (p *PCIDevice) CanReset() bool { return p.canReset }
 
@@ -219,6 +225,53 @@ func (p *PCIDevice) BARs() []BARInfo {
 		out = append(out, bi)
 	}
 	return out
+}
+
+// TrapStats counts the guest accesses to one BAR that exited to hpcvmm
+// instead of reaching the device through a memslot.
+type TrapStats struct {
+	Index int
+	// MSIX counts accesses to the MSI-X table and PBA, which are trapped
+	// by design.
+	MSIX uint64
+	// Other counts every other trapped access: registers sharing a page
+	// with the MSI-X structures, unmappable BARs or parts of them.
+	Other uint64
+}
+
+// TrapStats returns the trapped-access counts of every BAR; a BAR whose
+// Other count is zero cost the guest no exits beyond its MSI-X pages.
+func (p *PCIDevice) TrapStats() []TrapStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []TrapStats
+	for _, b := range p.bars {
+		if b != nil {
+			out = append(out, TrapStats{Index: b.index, MSIX: b.msixAccesses, Other: b.otherAccesses})
+		}
+	}
+	return out
+}
+
+// isMSIX reports whether [offset, offset+n) of BAR b touches the MSI-X
+// table or PBA.
+func (p *PCIDevice) isMSIX(b *barState, offset uint64, n int) bool {
+	m := p.msix
+	if m == nil {
+		return false
+	}
+	if m.tableBAR == b.index && m.inTable(offset, n) {
+		return true
+	}
+	return m.pbaBAR == b.index && offset < m.pbaOff+pci.PBASize(m.n) && offset+uint64(n) > m.pbaOff
+}
+
+func (p *PCIDevice) countTrap(b *barState, offset uint64, n int) {
+	if p.isMSIX(b, offset, n) {
+		b.msixAccesses++
+	} else {
+		b.otherAccesses++
+	}
 }
 
 func pow2(n uint64) uint64 {
@@ -427,6 +480,7 @@ func (h barHandler) Read(offset uint64, data []byte) {
 	p := h.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.countTrap(h.b, offset, len(data))
 	if m := p.msix; m != nil && m.tableBAR == h.b.index && m.inTable(offset, len(data)) {
 		m.read(offset-m.tableOff, data)
 		return
@@ -444,6 +498,7 @@ func (h barHandler) Write(offset uint64, data []byte) {
 	p := h.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.countTrap(h.b, offset, len(data))
 	if m := p.msix; m != nil && m.tableBAR == h.b.index && m.inTable(offset, len(data)) {
 		m.write(p, offset-m.tableOff, data)
 		return

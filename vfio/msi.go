@@ -131,10 +131,14 @@ func (m *msiState) update(p *PCIDevice) {
 		mask = le32(v.val[m.maskOff():])
 	}
 	valid := validMSIAddress(addr)
-	if en && !valid && !m.invalidRep {
+	// Address 0 is not worth a warning: Linux parks a vector that way
+	// while MSI is still enabled (free_irq deactivates the interrupt and
+	// writes a zeroed message before the driver disables MSI).
+	bad := en && !valid && addr != 0
+	if bad && !m.invalidRep {
 		p.report(fmt.Errorf("vfio: %s: guest enabled MSI with address %#x outside the MSI window 0xfee00000-0xfeefffff; vectors left masked", p.cfg.Name, addr))
 	}
-	m.invalidRep = en && !valid
+	m.invalidRep = bad
 	for i := 0; i < m.max; i++ {
 		msg := pci.MSIMessage{
 			Addr:   addr,

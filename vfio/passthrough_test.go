@@ -267,6 +267,17 @@ func TestMSIThroughIRQFDs(t *testing.T) {
 
 	r.cfgWrite(0x4c, 2, 0x4026)
 	assert.Equal(t, []string{"route 24 0xfee00000 0x4026"}, r.router.TakeLog(), "data change of a live vector: the route is replaced in place")
+
+	// Linux's free_irq writes a zeroed message while MSI is still enabled:
+	// the vector is masked (irqfd deassigned) without a warning; a
+	// non-zero address outside the MSI window is warned about.
+	r.cfgWrite(0x44, 4, 0)
+	assert.Equal(t, []string{"deassign 24"}, r.router.TakeLog())
+	assert.Empty(t, r.errs, "no warning for a parked (zero) MSI address")
+	r.cfgWrite(0x44, 4, 0x1000)
+	assert.Len(t, r.errs, 1)
+	r.cfgWrite(0x44, 4, 0xfee00000)
+	assert.Equal(t, []string{"route 24 0xfee00000 0x4026", "assign 24"}, r.router.TakeLog())
 	r.cfgWrite(0x42, 2, msiCtrl64)
 	assert.Equal(t, []string{"disable msi", "set intx 0+1 trigger", "set intx 0+1 unmask"}, f.takeLog())
 	require.NoError(t, r.dev.Close())
@@ -285,6 +296,7 @@ func TestNoMemslotsTrapsEveryBAR(t *testing.T) {
 	r.mmioWrite32(r.barAddr(t, 0)+4, 0x12)
 	assert.Equal(t, uint32(0x12), binary.LittleEndian.Uint32(f.bars[0][4:]))
 	assert.Zero(t, f.mmaps)
+	assert.Equal(t, []TrapStats{{Index: 0, Other: 2}}, r.dev.TrapStats(), "both accesses exited to hpcvmm")
 }
 
 func TestNewPCIDeviceErrors(t *testing.T) {

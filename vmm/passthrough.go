@@ -141,8 +141,10 @@ func (vm *VM) mpOptions() boot.MPOptions {
 	if vm.pt == nil {
 		return boot.MPOptions{}
 	}
-	const pciBusID = 1 // the MP table's first PCI bus entry is PCI bus 0
-	opts := boot.MPOptions{Buses: []boot.MPBus{{ID: pciBusID, Type: "PCI"}}}
+	// Linux matches a device's PCI bus number against the MP bus ID, so
+	// PCI bus 0 must be MP bus 0 and ISA moves to 1 (as SeaBIOS does).
+	const pciBusID, isaBusID = 0, 1
+	opts := boot.MPOptions{ISABus: isaBusID, Buses: []boot.MPBus{{ID: pciBusID, Type: "PCI"}}}
 	for i := range vm.pt.devs {
 		slot := firstPassthroughSlot + i
 		opts.Interrupts = append(opts.Interrupts, boot.MPInterrupt{
@@ -186,6 +188,7 @@ func (vm *VM) addPassthroughDevices() error {
 		return err
 	}
 	vm.log.Info("guest RAM DMA-mapped", "map_dma_calls", pt.ctr.MapCalls(), "regions", len(vm.mem.Regions()))
+	vm.log.Info("VFIO container shared by all passed-through devices", "containers", 1, "devices", len(pt.devs))
 	var p2p vfio.P2PMapper
 	if !vm.cfg.Passthrough.NoP2P {
 		p2p = pt.ctr
@@ -209,6 +212,10 @@ func (vm *VM) addPassthroughDevices() error {
 		pt.pcidevs = append(pt.pcidevs, pd)
 		for _, w := range pd.Warnings() {
 			vm.log.Warn(w)
+		}
+		for _, b := range pd.BARs() {
+			vm.log.Info("passthrough BAR", "device", dev.BDF.String(), "bar", b.Index, "kind", b.Kind.String(),
+				"size", b.Size, "direct_bytes", b.Direct, "trapped", b.Trapped)
 		}
 		if err := vm.pci.AddDevice(slot, dev.BDF.String(), pd); err != nil {
 			return err
@@ -248,6 +255,13 @@ func (vm *VM) closePassthrough() error {
 	}
 	var errs []error
 	for _, pd := range pt.pcidevs {
+		// What the guest's BAR accesses cost: MSI-X table/PBA accesses
+		// trap by design, any other count is an exit a memslot should
+		// have avoided.
+		for _, st := range pd.TrapStats() {
+			vm.log.Info("passthrough BAR accesses that exited to hpcvmm", "device", pd.Name(), "bar", st.Index,
+				"msix", st.MSIX, "other", st.Other)
+		}
 		errs = append(errs, pd.Close())
 	}
 	if pt.kv != nil {

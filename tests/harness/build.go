@@ -14,12 +14,15 @@ import (
 // ModulePath is the Go module the harness builds from.
 const ModulePath = "github.com/hpcvmm/hpcvmm"
 
-// Modules the L2 guest's /init loads (and everything they depend on).
-var l2Modules = []string{"virtio_pci", "virtio_console", "virtio_net", "nvme"}
+// Modules the L2 guest's /init loads (and everything they depend on):
+// virtio, nvme for a passed-through NVMe VF, uio_pci_generic for edu's
+// INTx (it binds only to IDs written to its new_id).
+var l2Modules = []string{"virtio_pci", "virtio_console", "virtio_net", "nvme", "uio_pci_generic"}
 
 // Modules L1's /init loads: KVM, VFIO, vhost-net/TAP for the management NIC,
-// and nvme for the SR-IOV stand-in.
-var l1Modules = []string{"kvm_amd", "vfio", "vfio_iommu_type1", "vfio-pci", "vhost_net", "tun", "nvme"}
+// nvme for the SR-IOV stand-in, and uio_pci_generic as a host driver that
+// --bind scenarios take a device from and give it back to.
+var l1Modules = []string{"kvm_amd", "vfio", "vfio_iommu_type1", "vfio-pci", "vhost_net", "tun", "nvme", "uio_pci_generic"}
 
 // Paths inside the L1 initramfs.
 const (
@@ -31,6 +34,8 @@ const (
 	l1ModulesList  = "/hpcvmm/modules.list"
 	l1ProfilesDir  = "/hpcvmm/profiles"
 	l2ModulesList  = "/etc/hpcvmm-modules"
+	l2EduMSI       = "/lib/hpcvmm/edu_msi.ko"    // not in l2ModulesList: the scenario loads it
+	l2EduMSIError  = "/etc/hpcvmm-edu-msi-error" // why edu_msi.ko is missing
 	busyboxInImage = "/bin/busybox"
 )
 
@@ -335,6 +340,14 @@ func BuildL2Initrd(root, cache string, k Kernel) (string, error) {
 	if err := addModules(im, k, mods, l2ModulesList, cache); err != nil {
 		return "", err
 	}
+	// The MSI scenario's guest driver. Without kernel headers the image
+	// carries the reason instead, so only the scenario that needs the
+	// module fails, with that reason.
+	if ko, err := BuildEduMSI(root, cache, k); err != nil {
+		im.AddBytes(l2EduMSIError, []byte(err.Error()+"\n"), 0o644)
+	} else {
+		im.AddFile(l2EduMSI, ko, 0o644)
+	}
 	out := filepath.Join(cache, "l2-"+k.Version+".cpio.gz")
 	_, err = im.Build(out, true)
 	return out, err
@@ -395,4 +408,49 @@ func buildL1Initrd(root, cache string, in l1Inputs) (path string, rebuilt bool, 
 	out := filepath.Join(cache, "l1.cpio")
 	rebuilt, err = im.Build(out, false)
 	return out, rebuilt, err
+}
+
+// BuildEduMSI builds tests/guest/edumsi (an out-of-tree module that drives
+// edu's MSI inside L2) against kernel k's headers (Debian's
+// linux-headers-VERSION, /lib/modules/VERSION/build) and returns the .ko.
+// The sources are copied into the cache, since kbuild writes its objects
+// beside them; an unchanged copy is not rebuilt.
+func BuildEduMSI(root, cache string, k Kernel) (string, error) {
+	kdir := filepath.Join(k.Modules, "build")
+	if _, err := os.Stat(filepath.Join(kdir, "Makefile")); err != nil {
+		return "", fmt.Errorf("edu_msi.ko: no kernel headers for %s at %s (run tests/setup.sh: installs linux-headers-amd64 for Debian's kernel): %v", k.Version, kdir, err)
+	}
+	src := filepath.Join(root, "tests", "guest", "edumsi")
+	dir := filepath.Join(cache, "edumsi-"+k.Version)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("edu_msi.ko: %w", err)
+	}
+	ko := filepath.Join(dir, "edu_msi.ko")
+	koInfo, koErr := os.Stat(ko)
+	stale := koErr != nil
+	for _, f := range []string{"Kbuild", "edu_msi.c"} {
+		b, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			return "", fmt.Errorf("edu_msi.ko: %w", err)
+		}
+		dst := filepath.Join(dir, f)
+		if old, err := os.ReadFile(dst); err == nil && bytes.Equal(old, b) {
+			if st, err := os.Stat(dst); err == nil && koErr == nil && st.ModTime().After(koInfo.ModTime()) {
+				stale = true
+			}
+			continue
+		}
+		if err := os.WriteFile(dst, b, 0o644); err != nil {
+			return "", fmt.Errorf("edu_msi.ko: %w", err)
+		}
+		stale = true
+	}
+	if !stale {
+		return ko, nil
+	}
+	cmd := exec.Command("make", "-C", kdir, "M="+dir, "modules")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("edu_msi.ko: make -C %s M=%s modules: %w\n%s", kdir, dir, err, Tail(string(out), 20))
+	}
+	return ko, nil
 }

@@ -93,6 +93,42 @@ func Run(t *testing.T, p Profile, body func(t *testing.T, env *Env)) {
 	}
 }
 
+// Outer is what a RunOuter check gets on the outer side of an L1 boot.
+type Outer struct {
+	// RunDir is the L1 boot's run directory, holding the files the
+	// profile's Prepare created (backing files of L1's devices).
+	RunDir string
+	// Records are the scenario's own Env.Record values (not its
+	// subtests'), as recorded inside L1.
+	Records map[string]string
+}
+
+// RunOuter is Run plus a check that runs outside L1 once the boot has
+// ended and the scenario passed inside: it sees what only the outer side
+// can, such as the files backing L1's emulated devices (what a guest
+// wrote through a passed-through device into its backing file). In host
+// mode there is no outer side: the body runs and outer does not.
+func RunOuter(t *testing.T, p Profile, body func(t *testing.T, env *Env), outer func(t *testing.T, o Outer)) {
+	t.Helper()
+	mode := os.Getenv("HPCVMM_TEST_WHERE")
+	l1 := mode == modeL1 || (mode == "" || mode == modeAuto) && hostReady(p) != nil
+	Run(t, p, body)
+	if !l1 || t.Failed() || t.Skipped() {
+		return
+	}
+	r := l1RunOf(p)
+	if r == nil || r.results == nil {
+		t.Fatalf("RunOuter: no finished L1 boot of profile %s", p.Name)
+	}
+	o := Outer{RunDir: r.dir, Records: map[string]string{}}
+	if tr := r.results.Tests[t.Name()]; tr != nil {
+		for k, v := range tr.Values {
+			o.Records[k] = v
+		}
+	}
+	outer(t, o)
+}
+
 func hostReady(p Profile) error {
 	if err := KVMUsable(); err != nil {
 		return err

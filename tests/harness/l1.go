@@ -27,7 +27,8 @@ type l1Run struct {
 	qemuOutput  string        // QEMU's own stdout/stderr
 	elapsed     time.Duration // QEMU start to exit
 	timeout     time.Duration
-	hung        bool  // killed at the timeout
+	hung        bool  // killed at the timeout or for making no progress
+	stalled     bool  // killed by the progress watchdog
 	err         error // the boot could not be prepared or started
 }
 
@@ -141,6 +142,16 @@ func bootL1(t *testing.T, p Profile) *l1Run {
 		if err != nil {
 			return err
 		}
+		if p.Prepare != nil {
+			extra, err := p.Prepare(r.dir)
+			if err != nil {
+				return err
+			}
+			args = append(args, extra...)
+		}
+		// A QEMU monitor socket in the run directory, for looking inside a
+		// hung L1 (socat - UNIX-CONNECT:DIR/monitor.sock; info registers).
+		args = append(args, "-monitor", "unix:"+filepath.Join(r.dir, "monitor.sock")+",server,nowait")
 		if err := os.WriteFile(filepath.Join(r.dir, "qemu.cmdline"), []byte(shellJoin(append([]string{qemu}, args...))+"\n"), 0o644); err != nil {
 			return err
 		}
@@ -151,10 +162,25 @@ func bootL1(t *testing.T, p Profile) *l1Run {
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		start := time.Now()
-		runErr := cmd.Run()
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("start qemu-system-x86_64: %w", err)
+		}
+		stalled := make(chan struct{})
+		stopWatch := watchProgress(r, stallLimit(), func() {
+			dumpMonitor(filepath.Join(r.dir, "monitor.sock"), filepath.Join(r.dir, "hang-registers.txt"))
+			close(stalled)
+			cancel()
+		})
+		runErr := cmd.Wait()
+		stopWatch()
 		r.elapsed = time.Since(start)
 		r.qemuOutput = out.String()
 		r.hung = errors.Is(ctx.Err(), context.DeadlineExceeded)
+		select {
+		case <-stalled:
+			r.hung, r.stalled = true, true
+		default:
+		}
 		t.Logf("L1 boot (profile %s) took %v; artifacts in %s", p.Name, r.elapsed.Round(time.Millisecond), r.dir)
 
 		con, _ := os.ReadFile(r.consolePath)
@@ -226,6 +252,13 @@ func pruneOldRuns(dir string, age time.Duration) {
 	}
 }
 
+// l1RunOf returns profile p's finished L1 boot (nil before runL1).
+func l1RunOf(p Profile) *l1Run {
+	l1Runs.mu.Lock()
+	defer l1Runs.mu.Unlock()
+	return l1Runs.runs[p.Name]
+}
+
 // reportL1 turns the inner outcome of t's scenario into t's outcome.
 func reportL1(t *testing.T, r *l1Run) {
 	t.Helper()
@@ -260,6 +293,9 @@ func reportL1(t *testing.T, r *l1Run) {
 			why = "the test started inside L1 but never finished"
 		}
 		switch {
+		case r.stalled:
+			why += fmt.Sprintf("; L1 wrote nothing to its console or result port for %v and was killed (a hang; L1 stages reached: %s; last test started: %q; CPU registers in %s)",
+				stallLimit(), r.results.stages(), r.results.LastStarted, filepath.Join(r.dir, "hang-registers.txt"))
 		case r.hung:
 			why += fmt.Sprintf("; L1 did not power off within %v (a hang; L1 stages reached: %s; last test started: %q)",
 				r.timeout, r.results.stages(), r.results.LastStarted)

@@ -40,6 +40,12 @@ type Profile struct {
 	// HostReady reports why host mode cannot run this profile's scenarios
 	// (nil: it can). Nil means the profile needs only /dev/kvm.
 	HostReady func() error
+	// Prepare, when set, runs on the outer side before L1 boots with the
+	// boot's run directory, creates the files QEMU needs there (disk
+	// images, a BAR's backing file) and returns QEMU arguments naming
+	// them, appended after Devices. The files stay in the run directory,
+	// where RunOuter's checks find them after L1 has powered off.
+	Prepare func(runDir string) ([]string, error)
 }
 
 // ProfileBasic is L1 with KVM and two 1 GiB hugepages, no passthrough
@@ -58,7 +64,9 @@ var ProfileBasic = Profile{
 	Machine: "q35",
 	Memory:  "5G",
 	CPUs:    1,
-	Cmdline: []string{"hugepagesz=1G", "hugepages=2"},
+	// nohz=off highres=off: see ProfilePassthrough; QEMU 7.2's TCG can
+	// lose L1's one-shot LAPIC timer wakeup, which hung or slowed L1.
+	Cmdline: []string{"hugepagesz=1G", "hugepages=2", "nohz=off", "highres=off"},
 	// The kernel silently allocates fewer boot-time hugepages when memory
 	// is short; scenarios relying on them must not find out later.
 	Setup: `n=$(cat /sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages)
@@ -66,7 +74,7 @@ var ProfileBasic = Profile{
 }
 
 // Profiles lists every profile whose setup is packed into the L1 initramfs.
-var Profiles = []Profile{ProfileBasic}
+var Profiles = []Profile{ProfileBasic, ProfilePassthrough}
 
 // Validate checks that the profile can build a QEMU command line.
 func (p Profile) Validate() error {

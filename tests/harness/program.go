@@ -65,6 +65,10 @@ type L1Program struct {
 	Timeout time.Duration
 	// Progress, when non-nil, receives L1's console lines while L1 runs.
 	Progress io.Writer
+	// Idle, when positive, ends the boot early when the result port has
+	// been silent that long: a program that reports before each step makes
+	// a hung L1 cost Idle instead of the whole Timeout.
+	Idle time.Duration
 }
 
 // L1Artifacts are the pieces RunL1Program builds on this host.
@@ -102,6 +106,7 @@ type L1ProgramRun struct {
 	QEMUOutput  string        // QEMU's own stdout and stderr
 	Elapsed     time.Duration // QEMU start to exit
 	Hung        bool          // QEMU was killed at the timeout
+	Idle        bool          // QEMU was killed because the result port stayed silent for L1Program.Idle
 }
 
 // RunL1Program builds the L1 image for spec and boots it once. An error
@@ -153,7 +158,9 @@ func RunL1Program(ctx context.Context, a L1Artifacts, spec L1Program) (*L1Progra
 
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, qemu, args...)
+	idleCtx, idleKill := context.WithCancel(ctx)
+	defer idleKill()
+	cmd := exec.CommandContext(idleCtx, qemu, args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()
@@ -168,9 +175,14 @@ func RunL1Program(ctx context.Context, a L1Artifacts, spec L1Program) (*L1Progra
 			followFile(r.ConsolePath, spec.Progress, stopTail)
 		}
 	}()
+	idleDone := make(chan bool, 1)
+	go func() {
+		idleDone <- spec.Idle > 0 && watchIdle(r.ResultsPath, spec.Idle, stopTail, idleKill)
+	}()
 	runErr := cmd.Wait()
 	close(stopTail)
 	<-tailDone
+	r.Idle = <-idleDone
 	r.Elapsed = time.Since(start)
 	r.QEMUOutput = out.String()
 	r.Hung = errors.Is(ctx.Err(), context.DeadlineExceeded)
@@ -185,10 +197,36 @@ func RunL1Program(ctx context.Context, a L1Artifacts, spec L1Program) (*L1Progra
 	if r.Results, err = ParseResults(f); err != nil {
 		return r, err
 	}
-	if runErr != nil && !r.Hung {
+	if runErr != nil && !r.Hung && !r.Idle {
 		return r, fmt.Errorf("qemu-system-x86_64 failed: %v\n%s", runErr, r.QEMUOutput)
 	}
 	return r, nil
+}
+
+// watchIdle calls kill and returns true when path has not grown for idle,
+// or returns false when stop is closed first.
+func watchIdle(path string, idle time.Duration, stop <-chan struct{}, kill func()) bool {
+	tick := time.NewTicker(min(idle/4, 2*time.Second))
+	defer tick.Stop()
+	var size int64 = -1
+	last := time.Now()
+	for {
+		select {
+		case <-stop:
+			return false
+		case <-tick.C:
+			var n int64
+			if st, err := os.Stat(path); err == nil {
+				n = st.Size()
+			}
+			if n != size {
+				size, last = n, time.Now()
+			} else if time.Since(last) > idle {
+				kill()
+				return true
+			}
+		}
+	}
 }
 
 // programRunConfig is the shell fragment L1's /init sources for a program

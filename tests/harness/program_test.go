@@ -63,3 +63,34 @@ func TestFollowFileCopiesLinesAsTheyAppear(t *testing.T) {
 	<-done
 	assert.Equal(t, "one\ntwo\nthree\n", out.String(), "the final flush copies the unterminated tail")
 }
+
+func TestWatchIdleKillsOnlyWhenSilent(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "results.txt")
+	require.NoError(t, os.WriteFile(path, []byte("a"), 0o644))
+	killed := make(chan struct{})
+	done := make(chan bool, 1)
+	go func() { done <- watchIdle(path, 300*time.Millisecond, nil, func() { close(killed) }) }()
+	// Growing output keeps it alive.
+	for i := 0; i < 5; i++ {
+		time.Sleep(100 * time.Millisecond)
+		f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+		require.NoError(t, err)
+		_, _ = f.WriteString("b")
+		require.NoError(t, f.Close())
+	}
+	select {
+	case <-killed:
+		t.Fatal("killed while the file was growing")
+	default:
+	}
+	select {
+	case <-killed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("not killed after the file went silent")
+	}
+	assert.True(t, <-done)
+
+	stop := make(chan struct{})
+	close(stop)
+	assert.False(t, watchIdle(path, time.Hour, stop, func() { t.Error("kill after stop") }))
+}
