@@ -278,7 +278,7 @@ func (x *fakeINTx) DeassignIRQFD(fd int, gsi uint32) error {
 	return nil
 }
 
-const h100Config = "/work/shared/fixtures/gpu-host-sysfs/0000:00:06.0/config"
+const h100Config = "../../shared/fixtures/gpu-host-sysfs/0000:00:06.0/config"
 
 // h100 returns a fake VFIO device with the H100 capture's configuration
 // space and BARs: BAR0 16 MiB, BAR2 128 GiB, BAR4 32 MiB (64-bit each),

@@ -97,7 +97,7 @@ func TestCheckDeviceIOMMUOff(t *testing.T) {
 	assert.ErrorContains(t, err, "intel_iommu=on")
 
 	// The real H100 capture has no IOMMU groups either.
-	h := host.New("/work/shared/fixtures/gpu-host-sysfs", "/nonexistent")
+	h := host.New("../../shared/fixtures/gpu-host-sysfs", "/nonexistent")
 	_, _, err = CheckDevice(h, spec(t, "00:06.0", false), true)
 	assert.ErrorContains(t, err, "IOMMU is disabled")
 }
