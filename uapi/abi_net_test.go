@@ -1,19 +1,8 @@
 package uapi
 
 import (
-	"bufio"
-	"bytes"
-	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"unsafe"
-
-	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 )
 
 // netABIItems lists every linux/if_tun.h and linux/vhost.h fact tun.go and
@@ -98,50 +87,6 @@ func netABIItems() []abiItem {
 // /usr/include/linux/{if_tun,if,vhost}.h, the way TestABIConformance checks
 // the KVM ones (its helpers, its own C program).
 func TestNetABIConformance(t *testing.T) {
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skip("gcc not found: cannot compile the C side of the ABI check")
-	}
-	headers := []string{"linux/if.h", "linux/if_tun.h", "linux/vhost.h"}
-	for _, h := range headers {
-		if _, err := os.Stat(filepath.Join("/usr/include", h)); err != nil {
-			t.Skipf("kernel uapi header missing (%v): install linux-libc-dev", err)
-		}
-	}
-	items := netABIItems()
-	var src bytes.Buffer
-	src.WriteString("#include <stddef.h>\n#include <stdio.h>\n#include <sys/socket.h>\n")
-	for _, h := range headers {
-		fmt.Fprintf(&src, "#include <%s>\n", h)
-	}
-	src.WriteString("\nint main(void) {\n")
-	for i, it := range items {
-		fmt.Fprintf(&src, "\tprintf(\"%d %%llu\\n\", (unsigned long long)(%s));\n", i, it.c)
-	}
-	src.WriteString("\treturn 0;\n}\n")
-
-	dir := t.TempDir()
-	cFile, bin := filepath.Join(dir, "abi_net.c"), filepath.Join(dir, "abi_net")
-	require.NoError(t, os.WriteFile(cFile, src.Bytes(), 0o644))
-	out, err := exec.Command(gcc, "-std=gnu11", "-Wall", "-Werror", "-o", bin, cFile).CombinedOutput()
-	require.NoError(t, err, "gcc failed (an unknown macro or field means the Go table names something the header lacks):\n%s", out)
-	out, err = exec.Command(bin).Output()
-	require.NoError(t, err)
-
-	cVals := make(map[int]uint64, len(items))
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		idx, v, ok := strings.Cut(sc.Text(), " ")
-		require.True(t, ok, "bad line %q", sc.Text())
-		i, err := strconv.Atoi(idx)
-		require.NoError(t, err)
-		n, err := strconv.ParseUint(v, 10, 64)
-		require.NoError(t, err)
-		cVals[i] = n
-	}
-	require.Len(t, cVals, len(items), "C program printed a different number of values")
-	for i, it := range items {
-		assert.Equal(t, cVals[i], it.goVal, "%s: C says %d (%#x), Go says %d (%#x)", it.c, cVals[i], cVals[i], it.goVal, it.goVal)
-	}
-	t.Logf("checked %d TUN/vhost sizes, offsets, ioctl numbers and constants against the kernel headers", len(items))
+	n := checkABI(t, []string{"linux/if.h", "linux/if_tun.h", "linux/vhost.h"}, netABIItems())
+	t.Logf("checked %d TUN/vhost sizes, offsets, ioctl numbers and constants against the kernel headers", n)
 }

@@ -42,18 +42,11 @@ func addPassthroughFlags(fs *flag.FlagSet, p *vmm.PassthroughConfig) {
 // runBind rebinds devices to vfio-pci and leaves them there; the change is
 // journaled, so `hpcvmm unbind` gives them back to their drivers.
 func runBind(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("hpcvmm bind", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	stateDir := fs.String("state-dir", "", "directory of hpcvmm's host-state journals (default "+hoststate.DefaultStateDir+")")
-	if err := fs.Parse(args); err != nil {
+	stateDir, bdfs, ok := parseJournalArgs("bind", args, stderr)
+	if !ok {
 		return 2
 	}
-	bdfs, err := parseBDFs(fs.Args())
-	if err != nil {
-		fmt.Fprintln(stderr, "hpcvmm bind:", err)
-		return 2
-	}
-	j := hoststate.Open(hoststate.Options{StateDir: *stateDir})
+	j := hoststate.Open(hoststate.Options{StateDir: stateDir})
 	for _, b := range bdfs {
 		if err := j.Bind(b); err != nil {
 			fmt.Fprintln(stderr, "hpcvmm bind:", err)
@@ -68,18 +61,11 @@ func runBind(args []string, stdout, stderr io.Writer) int {
 // drivers: after `hpcvmm bind`, or after an hpcvmm that was killed before
 // it could restore them itself.
 func runUnbind(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("hpcvmm unbind", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	stateDir := fs.String("state-dir", "", "directory of hpcvmm's host-state journals (default "+hoststate.DefaultStateDir+")")
-	if err := fs.Parse(args); err != nil {
+	stateDir, bdfs, ok := parseJournalArgs("unbind", args, stderr)
+	if !ok {
 		return 2
 	}
-	bdfs, err := parseBDFs(fs.Args())
-	if err != nil {
-		fmt.Fprintln(stderr, "hpcvmm unbind:", err)
-		return 2
-	}
-	rep, err := hoststate.RestoreStale(hoststate.Options{StateDir: *stateDir}, bdfs...)
+	rep, err := hoststate.RestoreStale(hoststate.Options{StateDir: stateDir}, bdfs...)
 	for _, c := range rep.Restored {
 		fmt.Fprintln(stdout, "restored:", c)
 	}
@@ -94,6 +80,23 @@ func runUnbind(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, "nothing to restore")
 	}
 	return 0
+}
+
+// parseJournalArgs parses the flags and BDF arguments `hpcvmm bind` and
+// `hpcvmm unbind` share; ok is false after a usage error was printed.
+func parseJournalArgs(cmd string, args []string, stderr io.Writer) (stateDir string, bdfs []host.BDF, ok bool) {
+	fs := flag.NewFlagSet("hpcvmm "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("state-dir", "", "directory of hpcvmm's host-state journals (default "+hoststate.DefaultStateDir+")")
+	if err := fs.Parse(args); err != nil {
+		return "", nil, false
+	}
+	bdfs, err := parseBDFs(fs.Args())
+	if err != nil {
+		fmt.Fprintf(stderr, "hpcvmm %s: %v\n", cmd, err)
+		return "", nil, false
+	}
+	return *dir, bdfs, true
 }
 
 func parseBDFs(args []string) ([]host.BDF, error) {
