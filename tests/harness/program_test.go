@@ -23,7 +23,7 @@ func TestProfileBenchReservesBothHugepageSizes(t *testing.T) {
 	require.NoError(t, err)
 	j := strings.Join(args, " ")
 	assert.Contains(t, j, "-smp 2")
-	assert.Contains(t, j, "hugepagesz=1G hugepages=2 hugepagesz=2M hugepages=512")
+	assert.Contains(t, j, "hugepagesz=1G hugepages=2 hugepagesz=2M hugepages=512 nohz=off highres=off")
 	assert.Contains(t, ProfileBench.Setup, "debugfs")
 }
 

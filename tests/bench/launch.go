@@ -1,0 +1,294 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// initMarker is what tests/guest/init prints first thing when it starts:
+// the end of a boot for every VMM alike.
+const initMarker = "HPCVMM-GUEST-MARKER init-started"
+
+// launchArgv returns the command line that boots the L2 guest with vmm:
+// 1 vCPU, cfg.MemoryMiB of RAM, the same kernel, initramfs and command line
+// for all, direct kernel boot, the guest console on the serial port and on
+// the VMM's standard output, and no other devices.
+func launchArgv(cfg Config, vmm string) ([]string, error) {
+	mem := strconv.Itoa(cfg.MemoryMiB) + "M"
+	qemu := func(machine string) []string {
+		return []string{cfg.QEMU, "-accel", "kvm", "-M", machine, "-cpu", "host", "-smp", "1", "-m", mem,
+			"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-serial", "stdio",
+			"-kernel", cfg.Kernel, "-initrd", cfg.Initrd, "-append", cfg.Cmdline}
+	}
+	switch vmm {
+	case vmmHPCVMM:
+		// --console serial: the guest console is the UART, as for the
+		// peers (the default virtio console would add a PCI device).
+		// --hugepages none: 4 KiB pages like the peers' anonymous RAM;
+		// hpcvmm still prefaults them, which counts against it here.
+		return []string{cfg.HPCVMM, "run", "--kernel", cfg.Kernel, "--initrd", cfg.Initrd, "--cmdline", cfg.Cmdline,
+			"--cpus", "1", "--memory", mem, "--hugepages", "none", "--console", "serial"}, nil
+	case vmmQEMUMicrovm:
+		return qemu("microvm"), nil
+	case vmmQEMUQ35:
+		return qemu("q35"), nil
+	case vmmGoKVM:
+		if cfg.GoKVM == "" {
+			return nil, fmt.Errorf("gokvm was not built: %s", cfg.GoKVMError)
+		}
+		return []string{cfg.GoKVM, "boot", "-k", cfg.Kernel, "-i", cfg.Initrd, "-p", cfg.Cmdline, "-c", "1", "-m", mem}, nil
+	}
+	return nil, fmt.Errorf("unknown VMM %q", vmm)
+}
+
+// runLaunch boots the guest once with vmm and measures launch → init
+// marker; at the marker it snapshots KVM's statistics for the VM and the
+// VMM's memory, then stops the VMM.
+func runLaunch(ctx context.Context, cfg Config, vmm string, rep int) Sample {
+	s := newSample(caseLaunch, vmm, cfg.Where, rep)
+	argv, err := launchArgv(cfg, vmm)
+	if err != nil {
+		s.Err = err.Error()
+		return s
+	}
+	s.Info["argv"] = strings.Join(argv, " ")
+	cmd := exec.Command(argv[0], argv[1:]...)
+	stdout := newWatch(initMarker)
+	stderr := newWatch("first KVM_RUN")
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	// A pipe kept open as stdin: no VMM sees console EOF mid-boot.
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		s.Err = fmt.Sprintf("stdin pipe: %v", err)
+		return s
+	}
+	defer stdin.Close()
+	cmd.WaitDelay = 5 * time.Second
+	start := time.Now()
+	stdout.start, stderr.start = start, start
+	if err := cmd.Start(); err != nil {
+		s.Err = fmt.Sprintf("starting %s: %v", argv[0], err)
+		return s
+	}
+	exited := make(chan struct{})
+	var waitErr error
+	go func() {
+		waitErr = cmd.Wait()
+		close(exited)
+	}()
+	pid := cmd.Process.Pid
+
+	reached, why := waitMarker(ctx, cfg, stdout, exited)
+	if reached {
+		s.Metrics[mLaunchToInit] = ms(stdout.at.Sub(start))
+		// KVM's counters first: the guest keeps running.
+		if st, err := readKVMStats(kvmDebugfs, "/proc", pid); err == nil {
+			for k, v := range st {
+				s.Metrics["kvm."+k] = v
+			}
+		} else {
+			s.Info["kvm_stats_error"] = err.Error()
+		}
+		if mi, err := readMemInfo("/proc", pid, uint64(cfg.MemoryMiB)<<20); err == nil {
+			s.Metrics[mRSS] = float64(mi.RSSKiB)
+			s.Metrics[mHWM] = float64(mi.HWMKiB)
+			if mi.GuestMaps > 0 {
+				s.Metrics[mRSSGuest] = float64(mi.GuestRSSKiB)
+				s.Metrics[mRSSOverhead] = float64(mi.RSSKiB) - float64(mi.GuestRSSKiB)
+			} else {
+				s.Info["mem_error"] = "no guest-RAM-sized mapping in smaps"
+			}
+		} else {
+			s.Info["mem_error"] = err.Error()
+		}
+	}
+	if reached {
+		// The guest prints its uptime right after the marker; give the
+		// line a moment so the report can set launch time against it.
+		deadline := time.Now().Add(3 * time.Second)
+		for guestUptimeAtInit(stdout.String()) < 0 && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	stopVMM(cmd, vmm, exited)
+	if !stderr.at.IsZero() {
+		s.Metrics[mFirstRunSeen] = ms(stderr.at.Sub(start))
+	}
+	log := stderr.String()
+	if a, ok := logRecord(log, "first KVM_RUN"); ok {
+		if v, ok := durationMs(a["since_start"]); ok {
+			s.Metrics[mFirstRunSinceStrt] = v
+		}
+	}
+	if a, ok := logRecord(log, "guest RAM ready"); ok {
+		if v, ok := durationMs(a["prefault"]); ok {
+			s.Metrics[mHPCVMMPrefault] = v
+		}
+	}
+	if a, ok := logRecord(log, "userspace exits by reason"); ok {
+		for k, v := range a {
+			if n, err := strconv.ParseFloat(v, 64); err == nil {
+				s.Metrics["exit."+k] = n
+			}
+		}
+	}
+	if g := guestUptimeAtInit(stdout.String()); g >= 0 {
+		s.Metrics[mGuestUptimeAtInit] = g
+	}
+	if !reached {
+		if why == "" {
+			why = fmt.Sprintf("exited before the guest's init marker (%v)", waitErr)
+		}
+		s.Err = fmt.Sprintf("%s after %v; console tail: %q; stderr tail: %q", why,
+			time.Since(start).Round(time.Millisecond), tail(stdout.String(), 600), tail(log, 600))
+	}
+	return s
+}
+
+// waitMarker waits for the init marker. It gives up when the VMM exits,
+// when the console has been silent for cfg.VMStall (a guest stuck early in
+// boot never prints again, and waiting out the whole VMTimeout for it would
+// eat the suite's budget), at cfg.VMTimeout, or when ctx ends. why says
+// which, except for an exit, which the caller describes with its status.
+func waitMarker(ctx context.Context, cfg Config, stdout *watch, exited <-chan struct{}) (reached bool, why string) {
+	timer := time.NewTimer(cfg.VMTimeout)
+	defer timer.Stop()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stdout.hit:
+			return true, ""
+		case <-exited:
+			return false, ""
+		case <-timer.C:
+			return false, fmt.Sprintf("no init marker within %v", cfg.VMTimeout)
+		case <-ctx.Done():
+			return false, "suite deadline reached before the init marker"
+		case <-tick.C:
+			if cfg.VMStall > 0 {
+				if quiet := stdout.silentFor(); quiet > cfg.VMStall {
+					return false, fmt.Sprintf("guest console silent for %v before the init marker (stuck)", quiet.Round(time.Second))
+				}
+			}
+		}
+	}
+}
+
+// stopVMM ends a VMM that reached its marker (or hung). hpcvmm and QEMU get
+// SIGTERM, which makes hpcvmm log its userspace exits; whatever is still
+// alive after a grace period is killed.
+func stopVMM(cmd *exec.Cmd, vmm string, exited <-chan struct{}) {
+	grace := 15 * time.Second
+	if vmm == vmmGoKVM {
+		grace = 0 // gokvm has no orderly shutdown on a signal
+	}
+	if grace > 0 {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+			return
+		case <-time.After(grace):
+		}
+	}
+	_ = cmd.Process.Kill()
+	<-exited
+}
+
+// guestUptimeAtInit finds "hpcvmm-guest scenario=... uptime=SECONDS" (the
+// guest kernel's uptime when /init started) and returns it in ms, or -1.
+func guestUptimeAtInit(console string) float64 {
+	for _, line := range strings.Split(console, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "hpcvmm-guest ")
+		if !ok || !strings.Contains(rest, "scenario=") {
+			continue
+		}
+		for _, f := range strings.Fields(rest) {
+			if v, ok := strings.CutPrefix(f, "uptime="); ok {
+				if x, err := strconv.ParseFloat(v, 64); err == nil {
+					return x * 1000
+				}
+			}
+		}
+	}
+	return -1
+}
+
+// watch is an io.Writer that keeps what a VMM writes and notes when a
+// pattern first appears.
+type watch struct {
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	pattern []byte
+	start   time.Time
+	at      time.Time // when the pattern arrived; zero until then
+	last    time.Time // the last write
+	hit     chan struct{}
+}
+
+func newWatch(pattern string) *watch {
+	return &watch{pattern: []byte(pattern), hit: make(chan struct{})}
+}
+
+func (w *watch) Write(p []byte) (int, error) {
+	now := time.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.last = now
+	old := w.buf.Len()
+	w.buf.Write(p)
+	if w.at.IsZero() {
+		// Only the new bytes and a pattern's length before them can hold
+		// a first occurrence.
+		from := max(0, old-len(w.pattern)+1)
+		if bytes.Contains(w.buf.Bytes()[from:], w.pattern) {
+			w.at = now
+			close(w.hit)
+		}
+	}
+	return len(p), nil
+}
+
+// silentFor is the time since the last write (or since start without
+// any).
+func (w *watch) silentFor() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	last := w.last
+	if last.IsZero() {
+		last = w.start
+	}
+	return time.Since(last)
+}
+
+func (w *watch) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
+}
+
+var _ io.Writer = (*watch)(nil)
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[len(s)-n:]
+}
+
+// fileExists is a small helper for optional artifacts.
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}

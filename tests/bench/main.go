@@ -1,0 +1,156 @@
+// Command bench is hpcvmm's side-by-side benchmark suite: it measures
+// hpcvmm and its peers (QEMU with -M microvm and -M q35, gokvm) in one run
+// on the same machine and writes a Markdown table and a JSON file.
+//
+//	go run ./tests/bench                       # everything, about 10-15 minutes
+//	go run ./tests/bench -reps 3 -out /tmp/b   # fewer runs per case
+//
+// Cases (issue 8): launch to the guest's /init marker (1 vCPU, 512 MiB, the
+// same stock kernel, initramfs and command line for every VMM); process
+// start to the first KVM_RUN (hpcvmm); guest RAM prefault throughput by page
+// size and worker count, against QEMU's memory backend with the same
+// options; KVM exits by reason during boot from KVM's own statistics; the
+// VMM's resident memory beyond guest RAM. Each case runs -reps times per
+// VMM; the tables give median, min and max and the ratio hpcvmm/peer.
+//
+// Where: booting guests needs hardware KVM. On a host without it (no
+// /dev/kvm, or the kvm_pvm backend) the suite boots one L1 guest of the
+// nested test bed (tests/harness, ProfileBench) and runs there, carrying
+// QEMU with its libraries and firmware and gokvm into L1; absolute times
+// from the emulated L1 are only good for ratios. The prefault cases need no
+// KVM and also run on the host itself, where their absolute GiB/s mean
+// something.
+//
+// The suite is a command, not a test, so the default `go test ./...` never
+// runs it. Its own unit tests (parsing, statistics, tables) are fast.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+func main() {
+	if os.Getenv("HPCVMM_TEST_WHERE") == "inside" {
+		// Started by L1's /init (harness.RunL1Program).
+		os.Exit(runInsideL1())
+	}
+	os.Exit(runOuter(os.Args[1:]))
+}
+
+// runInsideL1 runs the suite inside L1 with the configuration the outer
+// side packed into the image and reports on the result port.
+func runInsideL1() int {
+	b, err := os.ReadFile(l1ConfigPath)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench: reading the configuration:", err)
+		return 1
+	}
+	var cfg Config
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %s: %v\n", l1ConfigPath, err)
+		return 1
+	}
+	port := os.Getenv("HPCVMM_TEST_RESULTS")
+	if port == "" {
+		port = "/dev/ttyS1"
+	}
+	rs, err := openRecordSink(port)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 1
+	}
+	defer rs.close()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	runSuite(ctx, cfg, rs)
+	rs.done()
+	return 0
+}
+
+// parseFlags is split out so the flag set is testable.
+func parseFlags(args []string) (options, error) {
+	o := defaultOptions()
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.StringVar(&o.where, "where", o.where, "auto (host when /dev/kvm is hardware KVM, else l1), host or l1")
+	fs.IntVar(&o.reps, "reps", o.reps, "runs per case and VMM")
+	fs.DurationVar(&o.timeout, "timeout", o.timeout, "limit for the L1 boot that runs the suite")
+	fs.StringVar(&o.out, "out", o.out, "directory for bench-DATE.json and bench-DATE.md (default: the harness cache's bench/)")
+	fs.StringVar(&o.gokvm, "gokvm", o.gokvm, "module@version of gokvm to build with go install")
+	fs.BoolVar(&o.hostPrefault, "host-prefault", o.hostPrefault, "also run the prefault cases on this host (they need no KVM)")
+	fs.IntVar(&o.hostHugepages, "host-hugepages", o.hostHugepages, "temporarily raise this host's 2 MiB pool by this many pages for the host prefault case (restored afterwards); 0 uses what is free")
+	fs.IntVar(&o.memoryMiB, "memory", o.memoryMiB, "guest RAM of the launch case in MiB")
+	fs.StringVar(&o.render, "render", "", "only re-render the Markdown of an earlier bench-*.json to stdout")
+	cases := fs.String("cases", "", "comma-separated cases to run: launch, net, prefault (default: all)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if *cases != "" {
+		for _, c := range strings.Split(*cases, ",") {
+			switch c = strings.TrimSpace(c); c {
+			case caseLaunch, caseNet, casePrefault:
+				o.cases = append(o.cases, c)
+			default:
+				return o, fmt.Errorf("-cases: unknown case %q: want launch, net or prefault", c)
+			}
+		}
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	switch o.where {
+	case "auto", whereHost, whereL1:
+	default:
+		return o, fmt.Errorf("-where %q: want auto, host or l1", o.where)
+	}
+	if o.reps < 1 {
+		return o, fmt.Errorf("-reps %d: want at least 1", o.reps)
+	}
+	if o.memoryMiB < 64 {
+		return o, fmt.Errorf("-memory %d: want at least 64 (MiB)", o.memoryMiB)
+	}
+	return o, nil
+}
+
+func runOuter(args []string) int {
+	o, err := parseFlags(args)
+	if err != nil {
+		if err == flag.ErrHelp {
+			return 0
+		}
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 2
+	}
+	if o.render != "" {
+		b, err := os.ReadFile(o.render)
+		if err == nil {
+			var rep Report
+			if err = json.Unmarshal(b, &rep); err == nil {
+				fmt.Print(renderMarkdown(&rep))
+				return 0
+			}
+		}
+		fmt.Fprintf(os.Stderr, "bench: -render %s: %v\n", o.render, err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	rep, err := outer(ctx, o)
+	if rep != nil {
+		if werr := writeOutputs(o, rep); werr != nil {
+			fmt.Fprintln(os.Stderr, "bench:", werr)
+			return 1
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,577 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hpcvmm/hpcvmm/tests/harness"
+)
+
+// Paths inside the L1 image.
+const (
+	l1BenchDir   = "/hpcvmm/bench"
+	l1ConfigPath = l1BenchDir + "/config.json"
+	l1GoKVM      = l1BenchDir + "/gokvm"
+	l1QEMU       = "/usr/bin/qemu-system-x86_64"
+	benchTest    = "bench" // the "test" name of the suite's result records
+)
+
+// qemuFirmware are the firmware files QEMU loads for the machines the
+// suite boots (SeaBIOS for q35, qboot for microvm, the option ROMs of
+// direct kernel boot), at the paths Debian's QEMU searches.
+var qemuFirmware = []string{
+	"/usr/share/seabios/bios-256k.bin",
+	"/usr/share/qemu/bios-microvm.bin",
+	"/usr/share/qemu/qboot.rom",
+	"/usr/share/qemu/linuxboot_dma.bin",
+	"/usr/share/qemu/linuxboot.bin",
+	"/usr/share/qemu/kvmvapic.bin",
+	"/usr/share/qemu/multiboot_dma.bin",
+	"/usr/share/qemu/pvh.bin",
+}
+
+// The L2 kernel command line of the launch case, the same for every VMM:
+// the test bed's, with the guest /init scenario that prints the marker.
+const l2Cmdline = "console=ttyS0 reboot=k panic=-1 hpcvmm.scenario=boot"
+
+type options struct {
+	where         string
+	reps          int
+	timeout       time.Duration
+	out           string
+	gokvm         string
+	hostPrefault  bool
+	hostHugepages int
+	memoryMiB     int
+	cases         []string
+	render        string
+}
+
+func defaultOptions() options {
+	return options{
+		where:        "auto",
+		reps:         5,
+		timeout:      14 * time.Minute,
+		gokvm:        "github.com/bobuhiro11/gokvm@latest",
+		hostPrefault: true,
+		memoryMiB:    512,
+	}
+}
+
+// outer builds everything, runs the host prefault cases, then the suite
+// (here or inside L1), and returns the report. A report with what was
+// measured comes back even when a later step failed.
+func outer(ctx context.Context, o options) (*Report, error) {
+	started := time.Now()
+	rep := &Report{
+		Date:    started.Format("2006-01-02"),
+		Started: started,
+		Command: "go run ./tests/bench " + strings.Join(os.Args[1:], " "),
+		Host:    describeEnv(Config{Where: whereHost, QEMU: lookQEMU()}),
+	}
+	defer func() {
+		rep.Host["load_end"] = loadavg()
+		rep.Stats = summarize(rep.Samples)
+		rep.Duration = time.Since(started).Round(time.Second).String()
+	}()
+	where := o.where
+	if where == "auto" {
+		where = whereL1
+		if kvmUsable() {
+			where = whereHost
+		}
+	}
+	progress("building hpcvmm, the L2 initramfs, gokvm and the suite")
+	art, err := harness.BuildL1Artifacts()
+	if err != nil {
+		return rep, err
+	}
+	cache, err := harness.CacheDir()
+	if err != nil {
+		return rep, err
+	}
+	benchCache := filepath.Join(cache, "bench")
+	if err := os.MkdirAll(benchCache, 0o755); err != nil {
+		return rep, err
+	}
+	// The static copy for L1 is built now, with everything else, rather
+	// than after the host cases: the tree is shared with other work.
+	inner := filepath.Join(benchCache, "bench-inner")
+	if where == whereL1 {
+		if err := buildSelf(inner); err != nil {
+			return rep, err
+		}
+	}
+	gokvm, gokvmVersion, gokvmErr := buildGoKVM(ctx, benchCache, o.gokvm)
+	if gokvmErr != nil {
+		progress("gokvm did not build: %v", gokvmErr)
+	}
+	rep.Host["gokvm_version"] = gokvmVersion
+
+	cfg := Config{
+		Reps:      o.reps,
+		VMTimeout: 90 * time.Second,
+		VMStall:   30 * time.Second,
+		Kernel:    art.Kernel.Image,
+		Initrd:    art.L2Initrd,
+		Cmdline:   l2Cmdline,
+		MemoryMiB: o.memoryMiB,
+		HPCVMM:    art.HPCVMM,
+		QEMU:      lookQEMU(),
+		GoKVM:     gokvm,
+		VMMs:      []string{vmmHPCVMM, vmmQEMUMicrovm, vmmQEMUQ35, vmmGoKVM},
+		Last:      []string{vmmGoKVM},
+		Cases:     o.cases,
+		QEMUAccel: "kvm",
+	}
+	if gokvmErr != nil {
+		cfg.GoKVMError = gokvmErr.Error()
+	}
+	cfg.NetAvailable = netUnavailable(art.HPCVMM)
+	cfg.DMA = dmaUnavailable()
+	rep.Config = cfg
+
+	sink := &memorySink{rep: rep}
+	if o.hostPrefault && cfg.wants(casePrefault) {
+		hc := cfg
+		hc.Where = whereHost
+		hc.QEMUAccel = "tcg" // no machine runs; TCG needs no /dev/kvm
+		hc.Prefault = []PrefaultSpec{
+			{Page: "4K", SizeMiB: 1024, Workers: []int{1, 2}},
+			{Page: "2M", SizeMiB: 1024, Workers: []int{1, 2}},
+			{Page: "1G", SizeMiB: 2048, Workers: []int{1, 2}},
+		}
+		restore, err := raiseHugepages(o.hostHugepages)
+		if err != nil {
+			sink.note("host prefault 2M: could not reserve hugepages: " + err.Error())
+		}
+		progress("prefault cases on this host (load %s)", loadavg())
+		runPrefaults(ctx, hc, sink)
+		if restore != nil {
+			if err := restore(); err != nil {
+				sink.note("restoring the host's 2 MiB hugepage pool: " + err.Error())
+			}
+		}
+	}
+
+	switch where {
+	case whereHost:
+		cfg.Where = whereHost
+		cfg.BudgetSec = int(o.timeout.Seconds())
+		cfg.PrefaultSec = 0
+		progress("running the suite on this host")
+		runSuite(ctx, cfg, sink)
+		return rep, nil
+	default:
+		return rep, runInL1(ctx, o, art, inner, cfg, rep)
+	}
+}
+
+// runInL1 boots L1 (ProfileBench) with the suite, QEMU and gokvm inside and
+// merges what it reported into rep.
+func runInL1(ctx context.Context, o options, art harness.L1Artifacts, inner string, cfg Config, rep *Report) error {
+	l1 := cfg
+	l1.Where = whereL1
+	l1.Kernel = "/hpcvmm/l2/vmlinuz"
+	l1.Initrd = "/hpcvmm/l2/initrd.cpio.gz"
+	l1.HPCVMM = "/hpcvmm/bin/hpcvmm"
+	l1.QEMU = l1QEMU
+	if cfg.GoKVM != "" {
+		l1.GoKVM = l1GoKVM
+	}
+	l1.PrefaultSec = 150
+	l1.LastSec = 60
+	l1.NetSec = 160
+	l1.NetMiB = 8  // long enough for the guest's 10 ms clock to time it
+	l1.NetReps = 1 // each run is a full boot plus two transfers: one per configuration fits the budget
+	l1.NetTimeout = 100 * time.Second
+	// Three runs per prefault case: six cases of two VMMs, each run
+	// seconds long in L1, must fit next to the launches.
+	l1.PrefaultReps = min(3, o.reps)
+	l1.WarmUpMiB = 2048
+	l1.Prefault = []PrefaultSpec{
+		// 4 KiB pages are the slowest to fault under TCG: half the size.
+		{Page: "4K", SizeMiB: 512, Workers: []int{1, 2}},
+		{Page: "2M", SizeMiB: 1024, Workers: []int{1, 2}},
+		{Page: "1G", SizeMiB: 2048, Workers: []int{1, 2}},
+	}
+	rep.Config = l1
+
+	// L1 (nested KVM under TCG) sometimes locks up for good — a soft
+	// lockup of the L1 CPU running an L2 — a few percent of L2 boots. The
+	// suite announces every run on the result port, so a silent port means
+	// such a hang: L1 is killed and a fresh one continues with the runs
+	// not yet taken, as long as the time limit allows.
+	deadline := time.Now().Add(o.timeout)
+	for boot := 1; ; boot++ {
+		left := time.Until(deadline)
+		if left < 2*time.Minute {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("no time left for another L1 boot (%v of -timeout %v left)", left.Round(time.Second), o.timeout))
+			return nil
+		}
+		l1.Done, l1.FailedVMMs, l1.FailedRuns = doneSoFar(rep.Samples)
+		// L1's own boot (10-20 s) and the teardown come out of the limit.
+		l1.BudgetSec = int((left - 60*time.Second).Seconds())
+		run, finished, err := bootL1Once(ctx, art, inner, cfg, l1, left, boot, rep)
+		if err != nil || finished || run == nil || !(run.Idle || run.Hung) || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// bootL1Once boots one L1 with the suite and merges its results into rep.
+// finished is true when the suite inside reached its end.
+func bootL1Once(ctx context.Context, art harness.L1Artifacts, inner string, cfg, l1 Config, limit time.Duration, boot int, rep *Report) (*harness.L1ProgramRun, bool, error) {
+	cfgJSON, err := json.MarshalIndent(l1, "", "  ")
+	if err != nil {
+		return nil, false, err
+	}
+	spec := harness.L1Program{
+		Name:    "bench",
+		Profile: harness.ProfileBench,
+		Program: inner,
+		Timeout: limit,
+		// Every run announces itself on the result port; silence for
+		// longer than the longest run means L1 itself hung.
+		Idle: max(l1.VMTimeout, l1.NetTimeout) + 30*time.Second,
+		Extra: func(im *harness.Image) error {
+			im.AddBytes(l1ConfigPath, cfgJSON, 0o644)
+			if cfg.GoKVM != "" {
+				im.AddFile(l1GoKVM, cfg.GoKVM, 0o755)
+			}
+			if cfg.QEMU == "" {
+				return nil
+			}
+			if err := im.AddDynamicProgram(cfg.QEMU); err != nil {
+				return err
+			}
+			for _, f := range qemuFirmware {
+				if fileExists(f) {
+					im.AddFile(f, f, 0o644)
+				}
+			}
+			return nil
+		},
+		Progress: progressWriter{},
+	}
+	progress("booting L1 #%d (profile %s) to run the suite; limit %v, %d runs already taken", boot, spec.Profile.Name, limit.Round(time.Second), len(l1.Done))
+	run, err := harness.RunL1Program(ctx, art, spec)
+	finished := false
+	if run != nil && run.Results != nil {
+		var mErr error
+		finished, mErr = mergeL1Results(run.Results, rep)
+		if mErr != nil && err == nil {
+			err = mErr
+		}
+		rep.L1["l1_boots"] = strconv.Itoa(boot)
+		rep.L1[fmt.Sprintf("l1_boot_%d", boot)] = run.Elapsed.Round(time.Second).String() + " " + run.Dir
+		last := lastProgress(run.Results)
+		switch {
+		case run.Idle:
+			rep.Notes = append(rep.Notes, fmt.Sprintf("L1 boot %d: L1 stopped reporting for %v during %q and was killed (a hang of L1 itself, not of the VMM: see its console, %s)", boot, spec.Idle, last, run.ConsolePath))
+		case run.Hung:
+			rep.Notes = append(rep.Notes, fmt.Sprintf("L1 boot %d: did not finish within %v (last step started: %q)", boot, limit.Round(time.Second), last))
+		case !finished:
+			rep.Notes = append(rep.Notes, fmt.Sprintf("L1 boot %d: the suite inside did not finish (no done record): the results are partial", boot))
+		}
+	}
+	return run, finished, err
+}
+
+// doneSoFar lists the L1 runs already taken and the case|VMM pairs whose
+// runs all failed, for a fresh L1 to continue where a hung one stopped.
+func doneSoFar(samples []Sample) (done, failed map[string]bool, failedRuns map[string]int) {
+	done, failed, failedRuns = map[string]bool{}, map[string]bool{}, map[string]int{}
+	ok := map[string]bool{}
+	for _, s := range samples {
+		if s.Where != whereL1 {
+			continue
+		}
+		done[sampleKey(s.Case, s.VMM, s.Rep)] = true
+		if s.Err != "" {
+			failed[s.Case+"|"+s.VMM] = true
+			failedRuns[s.Case+"|"+s.VMM]++
+		} else {
+			ok[s.Case+"|"+s.VMM] = true
+		}
+	}
+	for k := range ok {
+		delete(failed, k)
+	}
+	return done, failed, failedRuns
+}
+
+// mergeL1Results decodes the suite's result records (env/N, sample/N,
+// note/N, done) into rep.
+func mergeL1Results(res *harness.Results, rep *Report) (finished bool, err error) {
+	if rep.L1 == nil {
+		rep.L1 = Env{}
+	}
+	tr := res.Tests[benchTest]
+	if tr == nil {
+		why := "the suite inside L1 reported nothing"
+		if ex := res.L1["exit"]; ex != nil {
+			why += fmt.Sprintf(" (it exited with status %s)", ex["code"])
+		} else if ab := res.L1["abort"]; ab != nil {
+			why += " (L1's /init aborted: " + ab["reason"] + ")"
+		}
+		return false, fmt.Errorf("%s", why)
+	}
+	for _, k := range tr.Keys {
+		v := tr.Values[k]
+		kind, _, _ := strings.Cut(k, "/")
+		switch kind {
+		case "env":
+			var e Env
+			if err := json.Unmarshal([]byte(v), &e); err != nil {
+				return false, fmt.Errorf("result record %s: %w", k, err)
+			}
+			for a, b := range e {
+				rep.L1[a] = b
+			}
+		case "sample":
+			var s Sample
+			if err := json.Unmarshal([]byte(v), &s); err != nil {
+				return false, fmt.Errorf("result record %s: %w", k, err)
+			}
+			rep.Samples = append(rep.Samples, s)
+		case "note":
+			rep.Notes = append(rep.Notes, v)
+		}
+	}
+	return slices.ContainsFunc(tr.Keys, func(k string) bool { return strings.HasPrefix(k, "done/") }), nil
+}
+
+// lastProgress is the last step the suite inside L1 announced.
+func lastProgress(res *harness.Results) string {
+	tr := res.Tests[benchTest]
+	if tr == nil {
+		return "before the suite started"
+	}
+	last := ""
+	for _, k := range tr.Keys {
+		if strings.HasPrefix(k, "progress/") {
+			last = tr.Values[k]
+		}
+	}
+	return last
+}
+
+// memorySink collects the suite's output in a Report (host mode).
+type memorySink struct {
+	mu  sync.Mutex
+	rep *Report
+}
+
+func (m *memorySink) env(e Env) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.rep.Host == nil {
+		m.rep.Host = Env{}
+	}
+	for k, v := range e {
+		if k == "where" {
+			continue
+		}
+		m.rep.Host[k] = v
+	}
+}
+
+func (m *memorySink) sample(s Sample) {
+	m.mu.Lock()
+	m.rep.Samples = append(m.rep.Samples, s)
+	m.mu.Unlock()
+	progress("%s", describeSample(s))
+}
+
+func (m *memorySink) progress(string) {}
+
+func (m *memorySink) note(n string) {
+	m.mu.Lock()
+	m.rep.Notes = append(m.rep.Notes, n)
+	m.mu.Unlock()
+	progress("note: %s", n)
+}
+
+// recordSink writes the suite's output to L1's result port, one record per
+// piece, and a one-line summary of each sample to the console.
+type recordSink struct {
+	f          *os.File
+	n          int
+	mu         sync.Mutex
+	writeError error
+}
+
+func openRecordSink(path string) (*recordSink, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return nil, fmt.Errorf("opening the result port %s: %w", path, err)
+	}
+	return &recordSink{f: f}, nil
+}
+
+func (r *recordSink) write(kind string, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		b, _ = json.Marshal(fmt.Sprintf("unencodable %s: %v", kind, err))
+		kind = "note"
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.n++
+	key := fmt.Sprintf("%s/%04d", kind, r.n)
+	val := string(b)
+	if kind == "note" || kind == "progress" {
+		_ = json.Unmarshal(b, &val) // plain text
+	}
+	line := harness.ResultPrefix + " " + harness.FormatFields(
+		harness.Field{Key: "test", Value: benchTest}, harness.Field{Key: "key", Value: key}, harness.Field{Key: "value", Value: val}) + "\n"
+	if _, err := r.f.WriteString(line); err != nil && r.writeError == nil {
+		r.writeError = err
+		fmt.Fprintln(os.Stderr, "bench: writing the result port:", err)
+	}
+}
+
+func (r *recordSink) progress(p string) { r.write("progress", p) }
+func (r *recordSink) env(e Env)         { r.write("env", e) }
+func (r *recordSink) note(n string)     { r.write("note", n); fmt.Println("bench: note:", n) }
+func (r *recordSink) sample(s Sample)   { r.write("sample", s); fmt.Println("bench:", describeSample(s)) }
+func (r *recordSink) done()             { r.write("done", true) }
+func (r *recordSink) close()            { _ = r.f.Close() }
+
+// describeSample is the one-line progress report of a sample.
+func describeSample(s Sample) string {
+	head := fmt.Sprintf("%s %s %s run %d:", s.Where, s.Case, s.VMM, s.Rep)
+	if s.Err != "" {
+		return head + " FAILED: " + tail(s.Err, 300)
+	}
+	var keys []string
+	for k := range s.Metrics {
+		if !strings.HasPrefix(k, "kvm.") && !strings.HasPrefix(k, "exit.") && !strings.HasPrefix(k, "xfer.") {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	b.WriteString(head)
+	for _, k := range keys {
+		fmt.Fprintf(&b, " %s=%.4g", k, s.Metrics[k])
+	}
+	for _, k := range []string{"kvm.exits", "xfer.kvm.exits"} {
+		if v, ok := s.Metrics[k]; ok {
+			fmt.Fprintf(&b, " %s=%.0f", k, v)
+		}
+	}
+	return b.String()
+}
+
+// progressWriter prefixes L1's console lines on stderr.
+type progressWriter struct{}
+
+func (progressWriter) Write(p []byte) (int, error) {
+	for _, l := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+		if strings.HasPrefix(l, "bench:") || strings.HasPrefix(l, "L1 /init") {
+			fmt.Fprintln(os.Stderr, "  L1 | "+l)
+		}
+	}
+	return len(p), nil
+}
+
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+}
+
+// kvmUsable reports whether this machine can boot guests itself.
+func kvmUsable() bool { return harness.KVMUsable() == nil }
+
+func lookQEMU() string {
+	p, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		return ""
+	}
+	return p
+}
+
+// buildSelf builds this command as a static binary for L1.
+func buildSelf(out string) error {
+	root, err := harness.ModuleRoot()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command("go", "build", "-o", out, "./tests/bench")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build ./tests/bench (static, for L1): %w\n%s", err, b)
+	}
+	return nil
+}
+
+// buildGoKVM builds gokvm from the Go module proxy into dir/gokvm-bin with
+// go install (static, outside hpcvmm's module, nothing vendored) and
+// returns the binary and the module version it was built from.
+func buildGoKVM(ctx context.Context, dir, module string) (bin, version string, err error) {
+	gobin := filepath.Join(dir, "gokvm-bin")
+	cmd := exec.CommandContext(ctx, "go", "install", module)
+	cmd.Dir = dir // not inside hpcvmm's module: go install pkg@version ignores it anyway
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOBIN="+gobin, "GOFLAGS=-mod=mod", "GO111MODULE=on")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", "", fmt.Errorf("go install %s: %w: %s", module, err, strings.TrimSpace(string(b)))
+	}
+	bin = filepath.Join(gobin, "gokvm")
+	if b, err := exec.Command("go", "version", "-m", bin).Output(); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			f := strings.Fields(l)
+			if len(f) >= 3 && f[0] == "mod" {
+				version = f[1] + "@" + f[2]
+			}
+		}
+	}
+	return bin, version, nil
+}
+
+// netUnavailable says why the virtio-net case cannot run ("" if it can):
+// hpcvmm run has no --net tap=...,vhost=... flag.
+func netUnavailable(hpcvmm string) string {
+	out, _ := exec.Command(hpcvmm, "run", "-h").CombinedOutput()
+	if strings.Contains(string(out), "  -net ") && strings.Contains(string(out), "vhost=") {
+		return ""
+	}
+	return "hpcvmm run has no network device flag yet (virtio/net is not wired into the VM)"
+}
+
+// dmaUnavailable says why the VFIO DMA-map case is not measured.
+func dmaUnavailable() string {
+	return "the bench L1 has no IOMMU and no device bound to vfio-pci; iommu's BenchmarkMapGuestRAM (HPCVMM_VFIO_GROUP) measures hpcvmm's side alone"
+}
+
+// raiseHugepages raises the host's 2 MiB pool by n pages and returns a
+// function that puts the old size back.
+func raiseHugepages(n int) (restore func() error, err error) {
+	if n <= 0 {
+		return nil, nil
+	}
+	const p = "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages"
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return nil, err
+	}
+	old, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %q", p, b)
+	}
+	if err := os.WriteFile(p, []byte(strconv.Itoa(old+n)), 0o644); err != nil {
+		return nil, fmt.Errorf("raising %s from %d by %d: %w (needs root)", p, old, n, err)
+	}
+	return func() error { return os.WriteFile(p, []byte(strconv.Itoa(old)), 0o644) }, nil
+}
