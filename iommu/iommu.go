@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/hpcvmm/hpcvmm/uapi"
 	"github.com/hpcvmm/hpcvmm/vmm/guestmem"
@@ -46,6 +47,9 @@ type Mapping struct {
 	Size uint64
 	Kind Kind
 	Name string
+	// Took is how long its VFIO_IOMMU_MAP_DMA call took: the kernel pins
+	// or looks up every page there, so this is the mapping's launch cost.
+	Took time.Duration
 }
 
 // End is the first IOVA after the mapping.
@@ -276,13 +280,14 @@ func (c *Container) MapGuestRAM(regions []guestmem.Region) error {
 	var done []Mapping
 	for i, r := range regions {
 		c.mapCalls++
+		start := time.Now()
 		if err := c.be.MapDMA(r.GPA, r.Data, uapi.VFIODMAMapFlagRead|uapi.VFIODMAMapFlagWrite); err != nil {
 			for _, m := range done {
 				c.be.UnmapDMA(m.IOVA, m.Size)
 			}
-			return fmt.Errorf("iommu: map guest RAM region %d [%#x, %#x): %w", i, r.GPA, r.End(), err)
+			return fmt.Errorf("iommu: map guest RAM region %d [%#x, %#x) after %v: %w", i, r.GPA, r.End(), time.Since(start).Round(time.Millisecond), err)
 		}
-		done = append(done, Mapping{IOVA: r.GPA, Size: r.Size(), Kind: GuestRAM, Name: fmt.Sprintf("ram%d", i)})
+		done = append(done, Mapping{IOVA: r.GPA, Size: r.Size(), Kind: GuestRAM, Name: fmt.Sprintf("ram%d", i), Took: time.Since(start)})
 	}
 	c.maps = append(c.maps, done...)
 	return nil
@@ -301,11 +306,23 @@ func (c *Container) MapBAR(iova uint64, mem []byte, name string) error {
 		return err
 	}
 	c.mapCalls++
+	start := time.Now()
 	if err := c.be.MapDMA(iova, mem, uapi.VFIODMAMapFlagRead|uapi.VFIODMAMapFlagWrite); err != nil {
-		return fmt.Errorf("iommu: map %s at IOVA %#x: %w", name, iova, err)
+		return fmt.Errorf("iommu: map %s at IOVA %#x after %v: %w", name, iova, time.Since(start).Round(time.Millisecond), err)
 	}
-	c.maps = append(c.maps, Mapping{IOVA: iova, Size: uint64(len(mem)), Kind: BAR, Name: name})
+	c.maps = append(c.maps, Mapping{IOVA: iova, Size: uint64(len(mem)), Kind: BAR, Name: name, Took: time.Since(start)})
 	return nil
+}
+
+// Mapping returns the mapping that starts at iova.
+func (c *Container) Mapping(iova uint64) (Mapping, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := slices.IndexFunc(c.maps, func(m Mapping) bool { return m.IOVA == iova })
+	if i < 0 {
+		return Mapping{}, false
+	}
+	return c.maps[i], true
 }
 
 // Unmap removes the mapping that starts at iova.

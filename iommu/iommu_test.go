@@ -62,6 +62,14 @@ func newFake(t *testing.T, info uapi.VFIOIOMMUInfo) (*Container, *fakeBackend) {
 	return c, f
 }
 
+// untimed clears the mappings' durations, which vary from run to run.
+func untimed(ms []Mapping) []Mapping {
+	for i := range ms {
+		ms[i].Took = 0
+	}
+	return ms
+}
+
 func ram(gpa uint64, n int) guestmem.Region { return guestmem.Region{GPA: gpa, Data: make([]byte, n)} }
 
 func TestMapGuestRAMOneCallPerRegion(t *testing.T) {
@@ -70,7 +78,12 @@ func TestMapGuestRAMOneCallPerRegion(t *testing.T) {
 	require.NoError(t, c.MapGuestRAM(regions))
 	assert.Equal(t, uint64(2), c.MapCalls())
 	assert.Equal(t, []call{{"map", 0, 64 << 10}, {"map", 4 << 30, 32 << 10}}, f.calls)
-	assert.Equal(t, []Mapping{{0, 64 << 10, GuestRAM, "ram0"}, {4 << 30, 32 << 10, GuestRAM, "ram1"}}, c.Mappings())
+	assert.Equal(t, []Mapping{{0, 64 << 10, GuestRAM, "ram0", 0}, {4 << 30, 32 << 10, GuestRAM, "ram1", 0}}, untimed(c.Mappings()))
+	m, ok := c.Mapping(4 << 30)
+	assert.True(t, ok)
+	assert.Equal(t, "ram1", m.Name)
+	_, ok = c.Mapping(4096)
+	assert.False(t, ok, "no mapping starts at 4096")
 
 	require.NoError(t, c.Close())
 	assert.Equal(t, []call{{"unmap", 4 << 30, 32 << 10}, {"unmap", 0, 64 << 10}}, f.calls[2:], "Close unmaps newest first")
@@ -133,7 +146,7 @@ func TestMapBARAndUnmap(t *testing.T) {
 	c, f := newFake(t, uapi.VFIOIOMMUInfo{}) // an old kernel: no ranges, no page sizes
 	require.NoError(t, c.MapBAR(64<<30, make([]byte, 16<<10), "00:04.0 BAR2"))
 	assert.Equal(t, uint64(1), c.MapCalls())
-	assert.Equal(t, []Mapping{{64 << 30, 16 << 10, BAR, "00:04.0 BAR2"}}, c.Mappings())
+	assert.Equal(t, []Mapping{{64 << 30, 16 << 10, BAR, "00:04.0 BAR2", 0}}, untimed(c.Mappings()))
 	assert.ErrorContains(t, c.Unmap(1), "no mapping starts there")
 	require.NoError(t, c.Unmap(64<<30))
 	assert.Empty(t, c.Mappings())

@@ -219,6 +219,24 @@ type kvmMPState struct {
 	MPState uint32
 }
 
+// kvmMaxXCRs is KVM_MAX_XCRS, the capacity of struct kvm_xcrs.
+const kvmMaxXCRs = 16
+
+// kvmXCR is struct kvm_xcr: one extended control register.
+type kvmXCR struct {
+	XCR      uint32
+	Reserved uint32
+	Value    uint64
+}
+
+// kvmXCRs is struct kvm_xcrs, the argument of KVM_GET_XCRS/KVM_SET_XCRS.
+type kvmXCRs struct {
+	NrXCRs  uint32
+	Flags   uint32
+	XCRs    [kvmMaxXCRs]kvmXCR
+	Padding [16]uint64
+}
+
 // kvmRunHeader is the fixed part of struct kvm_run before the exit union.
 type kvmRunHeader struct {
 	RequestInterruptWindow     uint8

@@ -211,6 +211,12 @@ func abiItems() []abiItem {
 		off("struct kvm_create_device", "fd", unsafe.Offsetof(kvmCreateDeviceArgs{}.FD)),
 		off("struct kvm_create_device", "flags", unsafe.Offsetof(kvmCreateDeviceArgs{}.Flags)),
 		size("struct kvm_mp_state", unsafe.Sizeof(kvmMPState{})),
+		size("struct kvm_xcr", unsafe.Sizeof(kvmXCR{})),
+		off("struct kvm_xcr", "value", unsafe.Offsetof(kvmXCR{}.Value)),
+		size("struct kvm_xcrs", unsafe.Sizeof(kvmXCRs{})),
+		off("struct kvm_xcrs", "xcrs", unsafe.Offsetof(kvmXCRs{}.XCRs)),
+		off("struct kvm_xcrs", "padding", unsafe.Offsetof(kvmXCRs{}.Padding)),
+		val("KVM_MAX_XCRS", kvmMaxXCRs),
 
 		// CPUID and MSR arrays.
 		size("struct kvm_cpuid_entry2", unsafe.Sizeof(kvmCPUIDEntry2{})),
@@ -274,6 +280,8 @@ func abiItems() []abiItem {
 		val("KVM_GET_MP_STATE", uint64(kvmGetMPState)),
 		val("KVM_SET_MP_STATE", uint64(kvmSetMPState)),
 		val("KVM_NMI", uint64(kvmNMI)),
+		val("KVM_GET_XCRS", uint64(kvmGetXCRs)),
+		val("KVM_SET_XCRS", uint64(kvmSetXCRs)),
 
 		// Constants.
 		val("KVM_API_VERSION", APIVersion),

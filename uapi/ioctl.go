@@ -73,6 +73,8 @@ const (
 	kvmGetMPState = iorKVM | unsafe.Sizeof(kvmMPState{})<<iocSizeShift | 0x98
 	kvmSetMPState = iowKVM | unsafe.Sizeof(kvmMPState{})<<iocSizeShift | 0x99
 	kvmNMI        = ioKVM | 0x9a
+	kvmGetXCRs    = iorKVM | unsafe.Sizeof(kvmXCRs{})<<iocSizeShift | 0xa6
+	kvmSetXCRs    = iowKVM | unsafe.Sizeof(kvmXCRs{})<<iocSizeShift | 0xa7
 )
 
 // ioctl issues a request whose argument is a plain integer, retrying EINTR:

@@ -371,6 +371,34 @@ func TestKVMVCPUState(t *testing.T) {
 	assert.Equal(t, uint32(0xffff), sregs.CS.Limit, "real-mode CS limit")
 }
 
+func TestKVMXCR0(t *testing.T) {
+	s := openKVM(t)
+	_, vcpu := newRealModeGuest(t, []byte{0xf4}, false)
+	cpuid, err := s.SupportedCPUID()
+	require.NoError(t, err)
+	require.NoError(t, vcpu.SetCPUID2(cpuid))
+	var leaf1 uint32
+	for _, e := range cpuid {
+		if e.Function == 1 {
+			leaf1 = e.ECX
+		}
+	}
+	if leaf1&(1<<26) == 0 {
+		t.Skip("no XSAVE in KVM's supported CPUID")
+	}
+
+	x, err := vcpu.GetXCR0()
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), x, "architectural reset value")
+	require.NoError(t, vcpu.SetXCR0(0x3)) // x87 and SSE: every XSAVE CPU has them
+	x, err = vcpu.GetXCR0()
+	require.NoError(t, err)
+	assert.Equal(t, uint64(0x3), x)
+	err = vcpu.SetXCR0(0x2) // without x87: invalid
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "KVM_SET_XCRS")
+}
+
 func TestKVMEnableCapAndDevice(t *testing.T) {
 	s := openKVM(t)
 	vm := createVM(t, s)

@@ -242,6 +242,36 @@ func (c *VCPU) SetMPState(state uint32) error {
 	return nil
 }
 
+// XCR0 is the index of XCR0 (XFEATURE_ENABLED_MASK) in KVM_GET/SET_XCRS.
+const XCR0 = 0
+
+// GetXCR0 is KVM_GET_XCRS, returning XCR0: the XSAVE state components the
+// vCPU has enabled, as KVM tracks them.
+func (c *VCPU) GetXCR0() (uint64, error) {
+	var x kvmXCRs
+	if _, err := ioctlPtr(c.fd, kvmGetXCRs, unsafe.Pointer(&x)); err != nil {
+		return 0, fmt.Errorf("kvm: KVM_GET_XCRS (vcpu %d): %w", c.ID, err)
+	}
+	for _, r := range x.XCRs[:min(int(x.NrXCRs), kvmMaxXCRs)] {
+		if r.XCR == XCR0 {
+			return r.Value, nil
+		}
+	}
+	return 0, fmt.Errorf("kvm: KVM_GET_XCRS (vcpu %d): no XCR0 among %d registers", c.ID, x.NrXCRs)
+}
+
+// SetXCR0 is KVM_SET_XCRS with XCR0 only. KVM accepts only values the
+// vCPU's CPUID (leaf 0xD) allows, so call it after SetCPUID2; it also
+// recomputes the XSAVE area sizes in CPUID leaf 0xD for the new value.
+func (c *VCPU) SetXCR0(v uint64) error {
+	x := kvmXCRs{NrXCRs: 1}
+	x.XCRs[0] = kvmXCR{XCR: XCR0, Value: v}
+	if _, err := ioctlPtr(c.fd, kvmSetXCRs, unsafe.Pointer(&x)); err != nil {
+		return fmt.Errorf("kvm: KVM_SET_XCRS (vcpu %d, xcr0 %#x): %w", c.ID, v, err)
+	}
+	return nil
+}
+
 // NMI is KVM_NMI: queue a non-maskable interrupt (without an in-kernel
 // LAPIC; with one, deliver NMIs through the LAPIC instead).
 func (c *VCPU) NMI() error {

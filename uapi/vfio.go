@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"runtime"
 	"strconv"
 	"unsafe"
@@ -565,11 +566,79 @@ func (d *VFIODevice) WriteAt(p []byte, off int64) (int, error) {
 }
 
 // Mmap maps size bytes of the device fd at off (page aligned, inside an
-// mmappable area) shared, with prot (unix.PROT_*).
+// mmappable area) shared, with prot (unix.PROT_*). Unmap it with Munmap.
+//
+// The address agrees with off modulo mmapAlignment(size) (up to 1 GiB).
+// A BAR's physical address is naturally aligned and VFIO region offsets
+// are multiples of 2^40, so the mapping then lines up with the BAR's
+// physical pages: vfio-pci can fault it in with 2 MiB and 1 GiB page-table
+// entries (Linux 6.12 and later), KVM can back the memslot with large pages
+// (the guest-physical address is aligned the same way), and vfio type1
+// walks it in large steps when it is DMA-mapped for peer-to-peer (6.15 and
+// later). An mmap(2) address of the kernel's choosing is only 4 KiB aligned.
 func (d *VFIODevice) Mmap(off int64, size int, prot int) ([]byte, error) {
-	m, err := unix.Mmap(d.fd, off, size, prot, unix.MAP_SHARED)
+	m, err := mmapAligned(d.fd, off, size, prot, mmapAlignment(size))
 	if err != nil {
 		return nil, fmt.Errorf("vfio: mmap %s (%#x bytes at %#x): %w", d.Name, size, off, err)
 	}
 	return m, nil
+}
+
+// Munmap unmaps memory returned by Mmap.
+func (d *VFIODevice) Munmap(mem []byte) error {
+	if len(mem) == 0 {
+		return nil
+	}
+	if err := unix.MunmapPtr(unsafe.Pointer(unsafe.SliceData(mem)), uintptr(len(mem))); err != nil {
+		return fmt.Errorf("vfio: munmap %s (%#x bytes): %w", d.Name, len(mem), err)
+	}
+	return nil
+}
+
+// maxMmapAlignment is the largest page-table entry size on x86-64.
+const maxMmapAlignment = 1 << 30
+
+// mmapAlignment is the alignment Mmap gives a mapping of size bytes: the
+// largest power of two not above size, between 4 KiB and 1 GiB.
+func mmapAlignment(size int) int {
+	if size <= 4096 {
+		return 4096
+	}
+	a := 1 << (bits.Len(uint(size)) - 1)
+	return min(a, maxMmapAlignment)
+}
+
+// mmapAligned maps size bytes of fd at off shared at an address congruent
+// to off modulo align: it reserves size+2*align bytes of address space with
+// PROT_NONE, maps the file over the aligned part with MAP_FIXED, and gives
+// the rest of the reservation back.
+func mmapAligned(fd int, off int64, size, prot, align int) ([]byte, error) {
+	if size <= 0 || off < 0 || align <= 0 || align&(align-1) != 0 {
+		return nil, unix.EINVAL
+	}
+	reserve := uintptr(size) + 2*uintptr(align)
+	base, err := unix.MmapPtr(-1, 0, nil, reserve, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		return nil, fmt.Errorf("reserving %#x bytes of address space: %w", reserve, err)
+	}
+	lo := uintptr(base)
+	a := uintptr(align)
+	addr := (lo+a-1)&^(a-1) + uintptr(off)&(a-1)
+	if addr-a >= lo {
+		addr -= a
+	}
+	p, err := unix.MmapPtr(fd, off, unsafe.Add(base, addr-lo), uintptr(size), prot, unix.MAP_SHARED|unix.MAP_FIXED)
+	if err != nil {
+		_ = unix.MunmapPtr(base, reserve)
+		return nil, err
+	}
+	// Give back the reservation around the mapping; failing to would only
+	// leave PROT_NONE address space behind, so the errors are not fatal.
+	if addr > lo {
+		_ = unix.MunmapPtr(base, addr-lo)
+	}
+	if end := addr + uintptr(size); end < lo+reserve {
+		_ = unix.MunmapPtr(unsafe.Add(base, end-lo), lo+reserve-end)
+	}
+	return unsafe.Slice((*byte)(p), size), nil
 }

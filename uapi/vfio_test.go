@@ -2,11 +2,16 @@ package uapi
 
 import (
 	"encoding/binary"
+	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // capBuf builds an info buffer: a fixed part of fixed bytes followed by
@@ -182,4 +187,64 @@ func TestVFIOContainerLive(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, c.Close())
 	require.NoError(t, c.Close(), "second close is a no-op")
+}
+
+func TestMmapAlignment(t *testing.T) {
+	assert.Equal(t, 4096, mmapAlignment(1))
+	assert.Equal(t, 4096, mmapAlignment(4096))
+	assert.Equal(t, 8192, mmapAlignment(12288))
+	assert.Equal(t, 2<<20, mmapAlignment(3<<20))
+	assert.Equal(t, 1<<30, mmapAlignment(1<<30))
+	assert.Equal(t, 1<<30, mmapAlignment(128<<30), "capped at the largest x86 page")
+}
+
+// TestMmapLinesUpWithTheFileOffset maps a memfd the way Mmap maps a BAR
+// and checks what large-page mappings depend on: the address agrees with
+// the file offset modulo the alignment, the bytes are the file's, the
+// mapping is exactly the asked size, and Munmap removes it.
+func TestMmapLinesUpWithTheFileOffset(t *testing.T) {
+	fd, err := unix.MemfdCreate("mmap-test", 0)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	const fileSize = 8 << 20
+	require.NoError(t, unix.Ftruncate(fd, fileSize))
+	_, err = unix.Pwrite(fd, []byte("marker"), 2<<20+4096)
+	require.NoError(t, err)
+	d := &VFIODevice{fd: fd, Name: "memfd"}
+	for _, tc := range []struct{ off, size int }{
+		{0, 4 << 20}, {2<<20 + 4096, 4096}, {4096, 2 << 20}, {2 << 20, 6 << 20},
+	} {
+		mem, err := d.Mmap(int64(tc.off), tc.size, unix.PROT_READ|unix.PROT_WRITE)
+		require.NoError(t, err)
+		require.Len(t, mem, tc.size)
+		addr := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+		align := uintptr(mmapAlignment(tc.size))
+		assert.Equal(t, uintptr(tc.off)%align, addr%align, "offset %#x size %#x", tc.off, tc.size)
+		if tc.off <= 2<<20+4096 && 2<<20+4096 < tc.off+tc.size {
+			i := 2<<20 + 4096 - tc.off
+			assert.Equal(t, "marker", string(mem[i:i+6]))
+		}
+		var lo, hi uintptr
+		line := mapsLine(t, addr)
+		_, err = fmt.Sscanf(line, "%x-%x", &lo, &hi)
+		require.NoError(t, err, line)
+		assert.Equal(t, [2]uintptr{addr, addr + uintptr(tc.size)}, [2]uintptr{lo, hi}, "one mapping of exactly the asked size: %s", line)
+		require.NoError(t, d.Munmap(mem))
+		assert.NotContains(t, mapsLine(t, addr), "memfd:mmap-test")
+	}
+	_, err = d.Mmap(0, 0, unix.PROT_READ)
+	assert.Error(t, err)
+}
+
+// mapsLine returns the /proc/self/maps line that contains addr, or "".
+func mapsLine(t *testing.T, addr uintptr) string {
+	maps, err := os.ReadFile("/proc/self/maps")
+	require.NoError(t, err)
+	for _, l := range strings.Split(string(maps), "\n") {
+		var lo, hi uintptr
+		if _, err := fmt.Sscanf(l, "%x-%x", &lo, &hi); err == nil && lo <= addr && addr < hi {
+			return l
+		}
+	}
+	return ""
 }

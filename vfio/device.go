@@ -26,9 +26,11 @@ type DeviceFile interface {
 	Reset() error
 	ReadAt(p []byte, off int64) (int, error)
 	WriteAt(p []byte, off int64) (int, error)
-	// Mmap maps size bytes at fd offset off shared; the model unmaps with
-	// munmap(2).
+	// Mmap maps size bytes at fd offset off shared; the model gives the
+	// mapping back with Munmap.
 	Mmap(off int64, size int, prot int) ([]byte, error)
+	// Munmap unmaps what Mmap returned.
+	Munmap(mem []byte) error
 	Close() error
 }
 
@@ -548,7 +550,7 @@ func (p *PCIDevice) Close() error {
 			p.unmapP2P(b)
 		}
 		for _, m := range b.maps {
-			if err := unix.Munmap(m); err != nil {
+			if err := p.dev.Munmap(m); err != nil {
 				errs = append(errs, fmt.Errorf("vfio: %s: munmap: %w", b.name, err))
 			}
 		}

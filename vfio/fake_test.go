@@ -190,6 +190,8 @@ func (f *fakeDev) Mmap(off int64, size int, prot int) ([]byte, error) {
 	return unix.Mmap(-1, 0, size, prot, unix.MAP_SHARED|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 }
 
+func (f *fakeDev) Munmap(mem []byte) error { return unix.Munmap(mem) }
+
 func (f *fakeDev) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

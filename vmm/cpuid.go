@@ -137,6 +137,84 @@ func physAddrBits(supported []uapi.CPUIDEntry) int {
 	return 36
 }
 
+// CPUID bits and XSAVE state components (XCR0 bits) guestXCR0 looks at.
+const (
+	leafXSave = 0xd
+
+	featEDXFPU     = 1 << 0  // leaf 1 EDX
+	featEDXSSE     = 1 << 25 // leaf 1 EDX
+	featECXXSave   = 1 << 26 // leaf 1 ECX
+	featECXAVX     = 1 << 28 // leaf 1 ECX
+	ext7EBXMPX     = 1 << 14 // leaf 7.0 EBX
+	ext7EBXAVX512F = 1 << 16 // leaf 7.0 EBX
+	ext7ECXPKU     = 1 << 3  // leaf 7.0 ECX
+	ext7EDXAMXTile = 1 << 24 // leaf 7.0 EDX
+
+	xfeatFP       = 1 << 0
+	xfeatSSE      = 1 << 1
+	xfeatYMM      = 1 << 2
+	xfeatMPX      = 1<<3 | 1<<4        // BNDREGS, BNDCSR
+	xfeatAVX512   = 1<<5 | 1<<6 | 1<<7 // opmask, ZMM_Hi256, Hi16_ZMM
+	xfeatPKRU     = 1 << 9
+	xfeatAMXTiles = 1<<17 | 1<<18 // XTILE_CFG, XTILE_DATA
+)
+
+// guestXCR0 returns the XCR0 value every vCPU starts with: the user XSAVE
+// state components of the vCPU's CPUID leaf 0xD whose feature the CPUID
+// also announces, which is the value Linux writes into XCR0 itself
+// (fpu__init_cpu_xstate), or 0 when the guest has no XSAVE.
+//
+// Why not the architectural reset value 1: KVM derives the XSAVE area size
+// the guest reads from CPUID 0xD.0 EBX from the XCR0 it tracks, and it
+// tracks the guest's own XSETBV only when the CPU intercepts XSETBV. QEMU's
+// TCG does not intercept it for a nested guest (the test bed's L1), so
+// there KVM kept XCR0 = 1, Linux read a 576-byte area for its 0x207
+// features, printed "XSAVE consistency problem: size 2696 != kernel_size
+// 576" and ran without XSAVE, while KVM kept reloading XCR0 = 1 under it
+// at every VM entry. Starting with the value the guest will write makes
+// both views agree from the first instruction; where XSETBV is
+// intercepted (all hardware KVM) the guest's own write replaces it anyway,
+// and before the guest sets CR4.OSXSAVE XCR0 has no effect.
+func guestXCR0(cpuid []uapi.CPUIDEntry) uint64 {
+	var l1, l7, xsave uapi.CPUIDEntry
+	var haveXSave bool
+	for _, e := range cpuid {
+		switch {
+		case e.Function == leafFeatures:
+			l1 = e
+		case e.Function == 7 && e.Index == 0:
+			l7 = e
+		case e.Function == leafXSave && e.Index == 0:
+			xsave, haveXSave = e, true
+		}
+	}
+	if !haveXSave || l1.ECX&featECXXSave == 0 || l1.EDX&featEDXFPU == 0 {
+		return 0
+	}
+	xcr0 := uint64(xsave.EDX)<<32 | uint64(xsave.EAX)
+	drop := func(ok bool, mask uint64) {
+		if !ok {
+			xcr0 &^= mask
+		}
+	}
+	drop(l1.EDX&featEDXSSE != 0, xfeatSSE)
+	drop(l1.ECX&featECXAVX != 0, xfeatYMM)
+	drop(l7.EBX&ext7EBXMPX != 0, xfeatMPX)
+	drop(l7.EBX&ext7EBXAVX512F != 0, xfeatAVX512)
+	drop(l7.ECX&ext7ECXPKU != 0, xfeatPKRU)
+	drop(l7.EDX&ext7EDXAMXTile != 0, xfeatAMXTiles)
+	// The dependencies KVM_SET_XCRS (like XSETBV) enforces: x87 always,
+	// YMM only with SSE, AVX-512 only with YMM, and the MPX, AVX-512 and
+	// AMX groups all or nothing.
+	xcr0 |= xfeatFP
+	drop(xcr0&xfeatSSE != 0, xfeatYMM)
+	drop(xcr0&xfeatYMM != 0, xfeatAVX512)
+	for _, group := range []uint64{xfeatMPX, xfeatAVX512, xfeatAMXTiles} {
+		drop(xcr0&group == group, group)
+	}
+	return xcr0
+}
+
 // MSRs every vCPU starts with, the architectural reset values Linux
 // expects to find (the same set other direct-boot VMMs program): syscall
 // MSRs cleared, fast strings on, MTRRs enabled with write-back as the

@@ -308,8 +308,17 @@ func (vm *VM) newVCPU(index int, supported []uapi.CPUIDEntry) (*vcpu, error) {
 		return nil, err
 	}
 	v := &vcpu{index: index, hostCPU: vm.place.vcpuCPUs[index], cpu: c, run: c.RunData(), vm: vm}
-	if err := c.SetCPUID2(guestCPUID(supported, index, vm.cfg.CPUs)); err != nil {
+	cpuid := guestCPUID(supported, index, vm.cfg.CPUs)
+	if err := c.SetCPUID2(cpuid); err != nil {
 		return v, fmt.Errorf("vCPU %d: %w", index, err)
+	}
+	// After SetCPUID2: KVM checks XCR0 against the vCPU's leaf 0xD. A
+	// refusal costs only the nested test bed's XSAVE (see guestXCR0), so
+	// it is logged, not fatal.
+	if xcr0 := guestXCR0(cpuid); xcr0 != 0 {
+		if err := c.SetXCR0(xcr0); err != nil {
+			vm.log.Warn("initial XCR0 not set; the guest starts with XCR0 = 1", "vcpu", index, "err", err)
+		}
 	}
 	if err := c.SetMSRs(bootMSRs()); err != nil {
 		return v, fmt.Errorf("vCPU %d: %w", index, err)

@@ -162,9 +162,12 @@ func TestLaunchArgvSameGuestForAll(t *testing.T) {
 		argv, err := launchArgv(cfg, v)
 		require.NoError(t, err, v)
 		joined := strings.Join(argv, " ")
-		for _, want := range []string{"/k", "/i", "console=ttyS0 x=1", "512M"} {
+		for _, want := range []string{"/k", "/i", "512M"} {
 			assert.Contains(t, argv, want, "%s: %s", v, joined)
 		}
+		// The common command line, first: gokvm only appends what it
+		// needs to boot at all (gokvmCmdline).
+		assert.Contains(t, joined, " console=ttyS0 x=1", v)
 	}
 	argv, _ := launchArgv(cfg, vmmQEMUMicrovm)
 	assert.Contains(t, strings.Join(argv, " "), "-accel kvm -M microvm")
@@ -173,6 +176,14 @@ func TestLaunchArgvSameGuestForAll(t *testing.T) {
 	assert.ErrorContains(t, err, "no network")
 	_, err = launchArgv(cfg, "bhyve")
 	assert.Error(t, err)
+}
+
+func TestGoKVMCmdline(t *testing.T) {
+	assert.Equal(t, "console=ttyS0 tsc_early_khz=2594123 noapic", gokvmCmdline("console=ttyS0", 2594123))
+	assert.Equal(t, "console=ttyS0 noapic", gokvmCmdline("console=ttyS0", 0), "no rate known: no tsc_early_khz")
+	assert.Equal(t, 2594123, parseCPUMHz("processor\t: 0\nmodel name\t: AMD EPYC\ncpu MHz\t\t: 2594.123\ncache size\t: 512 KB\n"))
+	assert.Equal(t, 0, parseCPUMHz("processor\t: 0\n"))
+	assert.Equal(t, 0, parseCPUMHz("cpu MHz\t: fast\n"))
 }
 
 func TestQEMUBackendArgsMatchHPCVMMMemory(t *testing.T) {

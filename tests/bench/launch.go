@@ -19,24 +19,26 @@ import (
 const initMarker = "HPCVMM-GUEST-MARKER init-started"
 
 // launchArgv returns the command line that boots the L2 guest with vmm:
-// 1 vCPU, cfg.MemoryMiB of RAM, the same kernel, initramfs and command line
-// for all, direct kernel boot, the guest console on the serial port and on
-// the VMM's standard output, and no other devices.
+// 1 vCPU, cfg.MemoryMiB of RAM (on the backing cfg.LaunchPages chooses),
+// the same kernel, initramfs and command line for all, direct kernel boot,
+// the guest console on the serial port and on the VMM's standard output,
+// and no other devices.
 func launchArgv(cfg Config, vmm string) ([]string, error) {
 	mem := strconv.Itoa(cfg.MemoryMiB) + "M"
 	qemu := func(machine string) []string {
-		return []string{cfg.QEMU, "-accel", "kvm", "-M", machine, "-cpu", "host", "-smp", "1", "-m", mem,
+		return append([]string{cfg.QEMU, "-accel", "kvm", "-M", machine, "-cpu", "host", "-smp", "1", "-m", mem,
 			"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-serial", "stdio",
-			"-kernel", cfg.Kernel, "-initrd", cfg.Initrd, "-append", cfg.Cmdline}
+			"-kernel", cfg.Kernel, "-initrd", cfg.Initrd, "-append", cfg.Cmdline}, qemuRAMArgs(cfg)...)
 	}
 	switch vmm {
 	case vmmHPCVMM:
 		// --console serial: the guest console is the UART, as for the
 		// peers (the default virtio console would add a PCI device).
-		// --hugepages none: 4 KiB pages like the peers' anonymous RAM;
-		// hpcvmm still prefaults them, which counts against it here.
-		return []string{cfg.HPCVMM, "run", "--kernel", cfg.Kernel, "--initrd", cfg.Initrd, "--cmdline", cfg.Cmdline,
-			"--cpus", "1", "--memory", mem, "--hugepages", "none", "--console", "serial"}, nil
+		// --hugepages 2M, or none for 4 KiB pages like the peers'
+		// default RAM, which hpcvmm still prefaults (hpcvmmRAMArgs).
+		argv := []string{cfg.HPCVMM, "run", "--kernel", cfg.Kernel, "--initrd", cfg.Initrd, "--cmdline", cfg.Cmdline,
+			"--cpus", "1", "--memory", mem}
+		return append(append(argv, hpcvmmRAMArgs(cfg)...), "--console", "serial"), nil
 	case vmmQEMUMicrovm:
 		return qemu("microvm"), nil
 	case vmmQEMUQ35:
@@ -45,9 +47,52 @@ func launchArgv(cfg Config, vmm string) ([]string, error) {
 		if cfg.GoKVM == "" {
 			return nil, fmt.Errorf("gokvm was not built: %s", cfg.GoKVMError)
 		}
-		return []string{cfg.GoKVM, "boot", "-k", cfg.Kernel, "-i", cfg.Initrd, "-p", cfg.Cmdline, "-c", "1", "-m", mem}, nil
+		return []string{cfg.GoKVM, "boot", "-k", cfg.Kernel, "-i", cfg.Initrd, "-p", gokvmCmdline(cfg.Cmdline, hostTSCkHz()), "-c", "1", "-m", mem}, nil
 	}
 	return nil, fmt.Errorf("unknown VMM %q", vmm)
+}
+
+// gokvmCmdline is the guest command line for gokvm: the common one plus
+// what Debian's stock kernel needs to boot under gokvm at all. gokvm
+// passes KVM_GET_SUPPORTED_CPUID through with the hypervisor bit clear, so
+// the guest never finds KVM, gets no kvm-clock and calibrates the TSC
+// against the PIT, which fails in the nested test bed ("could not
+// calculate TSC khz", then silence); tsc_early_khz gives it the rate.
+// gokvm's MP table lists processors only, and with the I/O APIC in use no
+// timer interrupt arrived; noapic keeps the timer on the PIC. Both were
+// found by trial in L1 (with them gokvm reached /init; without, 0 of 2).
+func gokvmCmdline(common string, tscKHz int) string {
+	if tscKHz > 0 {
+		common += " tsc_early_khz=" + strconv.Itoa(tscKHz)
+	}
+	return common + " noapic"
+}
+
+// hostTSCkHz is the TSC rate of the machine the suite runs on, from the
+// first "cpu MHz" of /proc/cpuinfo (the kernel's calibrated TSC rate on
+// x86); 0 when it cannot be read.
+func hostTSCkHz() int {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return 0
+	}
+	return parseCPUMHz(string(b))
+}
+
+// parseCPUMHz returns the first "cpu MHz" of a /proc/cpuinfo text in kHz.
+func parseCPUMHz(cpuinfo string) int {
+	for _, l := range strings.Split(cpuinfo, "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if !ok || strings.TrimSpace(k) != "cpu MHz" {
+			continue
+		}
+		mhz, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil || mhz <= 0 {
+			return 0
+		}
+		return int(mhz * 1000)
+	}
+	return 0
 }
 
 // runLaunch boots the guest once with vmm and measures launch → init
@@ -101,6 +146,9 @@ func runLaunch(ctx context.Context, cfg Config, vmm string, rep int) Sample {
 		if mi, err := readMemInfo("/proc", pid, uint64(cfg.MemoryMiB)<<20); err == nil {
 			s.Metrics[mRSS] = float64(mi.RSSKiB)
 			s.Metrics[mHWM] = float64(mi.HWMKiB)
+			if mi.HugetlbKiB > 0 {
+				s.Metrics[mHugetlb] = float64(mi.HugetlbKiB)
+			}
 			if mi.GuestMaps > 0 {
 				s.Metrics[mRSSGuest] = float64(mi.GuestRSSKiB)
 				s.Metrics[mRSSOverhead] = float64(mi.RSSKiB) - float64(mi.GuestRSSKiB)

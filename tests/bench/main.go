@@ -2,15 +2,19 @@
 // hpcvmm and its peers (QEMU with -M microvm and -M q35, gokvm) in one run
 // on the same machine and writes a Markdown table and a JSON file.
 //
-//	go run ./tests/bench                       # everything, about 10-15 minutes
+//	go run ./tests/bench                       # everything, about 20 minutes
 //	go run ./tests/bench -reps 3 -out /tmp/b   # fewer runs per case
 //
-// Cases (issue 8): launch to the guest's /init marker (1 vCPU, 512 MiB, the
-// same stock kernel, initramfs and command line for every VMM); process
-// start to the first KVM_RUN (hpcvmm); guest RAM prefault throughput by page
-// size and worker count, against QEMU's memory backend with the same
-// options; KVM exits by reason during boot from KVM's own statistics; the
-// VMM's resident memory beyond guest RAM. Each case runs -reps times per
+// Cases (issue 8): launch to the guest's /init marker (1 vCPU, 512 MiB on
+// prefaulted 2 MiB hugetlb pages for hpcvmm and QEMU, or 4 KiB pages with
+// -launch-pages 4K; the same stock kernel, initramfs and command line for
+// every VMM); process start to the first KVM_RUN (hpcvmm); guest RAM
+// prefault throughput by page size and worker count, against QEMU's memory
+// backend with the same options; KVM exits by reason during boot and during
+// a virtio-net and a virtio-console transfer from KVM's own statistics; the
+// VMM's resident memory beyond guest RAM; the time in VFIO_IOMMU_MAP_DMA and
+// the number of calls to DMA-map 1-4 GiB of guest RAM on each page size, with
+// a device passed through (L1 only, dmamap.go). Each case runs -reps times per
 // VMM; the tables give median, min and max and the ratio hpcvmm/peer.
 //
 // Where: booting guests needs hardware KVM. On a host without it (no
@@ -87,17 +91,18 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.hostHugepages, "host-hugepages", o.hostHugepages, "temporarily raise this host's 2 MiB pool by this many pages for the host prefault case (restored afterwards); 0 uses what is free")
 	fs.IntVar(&o.memoryMiB, "memory", o.memoryMiB, "guest RAM of the launch case in MiB")
 	fs.StringVar(&o.render, "render", "", "only re-render the Markdown of an earlier bench-*.json to stdout")
-	cases := fs.String("cases", "", "comma-separated cases to run: launch, net, prefault (default: all)")
+	fs.StringVar(&o.launchPages, "launch-pages", o.launchPages, "guest RAM of the booting cases: 2M (hpcvmm --hugepages 2M, QEMU a prefaulted 2 MiB hugetlb memfd backend) or 4K (hpcvmm --hugepages none, QEMU its default RAM)")
+	cases := fs.String("cases", "", "comma-separated cases to run: launch, net, console, prefault, dma-map (default: all)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	if *cases != "" {
 		for _, c := range strings.Split(*cases, ",") {
 			switch c = strings.TrimSpace(c); c {
-			case caseLaunch, caseNet, casePrefault:
+			case caseLaunch, caseNet, caseConsole, casePrefault, caseDMAMap:
 				o.cases = append(o.cases, c)
 			default:
-				return o, fmt.Errorf("-cases: unknown case %q: want launch, net or prefault", c)
+				return o, fmt.Errorf("-cases: unknown case %q: want launch, net, console, prefault or dma-map", c)
 			}
 		}
 	}
@@ -112,8 +117,14 @@ func parseFlags(args []string) (options, error) {
 	if o.reps < 1 {
 		return o, fmt.Errorf("-reps %d: want at least 1", o.reps)
 	}
+	if o.launchPages != pages2M && o.launchPages != pages4K {
+		return o, fmt.Errorf("-launch-pages %q: want 2M or 4K", o.launchPages)
+	}
 	if o.memoryMiB < 64 {
 		return o, fmt.Errorf("-memory %d: want at least 64 (MiB)", o.memoryMiB)
+	}
+	if o.launchPages == pages2M && o.memoryMiB%2 != 0 {
+		return o, fmt.Errorf("-memory %d with -launch-pages 2M: want a multiple of 2 (MiB)", o.memoryMiB)
 	}
 	return o, nil
 }

@@ -39,7 +39,8 @@ const (
 	mFirstRunSinceStrt = "first_kvm_run_ms"        // hpcvmm's own log: its start to the BSP's first KVM_RUN
 	mFirstRunSeen      = "first_kvm_run_seen_ms"   // bench clock: launch to that log line arriving
 	mGuestUptimeAtInit = "guest_uptime_at_init_ms" // the guest kernel's uptime when /init ran
-	mRSS               = "vmrss_kib"               // VmRSS at the marker
+	mRSS               = "vmrss_kib"               // VmRSS + HugetlbPages at the marker
+	mHugetlb           = "hugetlb_kib"             // of which HugetlbPages
 	mRSSGuest          = "guest_ram_rss_kib"       // resident part of the guest RAM mapping(s)
 	mRSSOverhead       = "overhead_rss_kib"        // VmRSS minus guest RAM: what the VMM itself costs
 	mHWM               = "vmhwm_kib"               // peak RSS

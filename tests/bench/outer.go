@@ -53,6 +53,7 @@ type options struct {
 	hostPrefault  bool
 	hostHugepages int
 	memoryMiB     int
+	launchPages   string
 	cases         []string
 	render        string
 }
@@ -61,10 +62,11 @@ func defaultOptions() options {
 	return options{
 		where:        "auto",
 		reps:         5,
-		timeout:      14 * time.Minute,
+		timeout:      22 * time.Minute, // about 10 min of launches, prefault and net, 4 of console, 5 of DMA map, L1's boot
 		gokvm:        "github.com/bobuhiro11/gokvm@latest",
 		hostPrefault: true,
 		memoryMiB:    512,
+		launchPages:  pages2M,
 	}
 }
 
@@ -133,6 +135,13 @@ func outer(ctx context.Context, o options) (*Report, error) {
 		Last:      []string{vmmGoKVM},
 		Cases:     o.cases,
 		QEMUAccel: "kvm",
+		// The booting cases' guest RAM; with 2M every VMM but gokvm
+		// uses a prefaulted hugetlb memfd (ram.go).
+		LaunchPages: o.launchPages,
+		// The guest's 4 MiB through the console: a boot, the guest's
+		// dd and sha256sum of the file, then the transfer.
+		ConsoleReps:  min(3, o.reps),
+		ConsoleLimit: 200 * time.Second, // the transfer alone took 69 s with the host's load at 10
 	}
 	if gokvmErr != nil {
 		cfg.GoKVMError = gokvmErr.Error()
@@ -195,6 +204,9 @@ func runInL1(ctx context.Context, o options, art harness.L1Artifacts, inner stri
 	l1.NetMiB = 8  // long enough for the guest's 10 ms clock to time it
 	l1.NetReps = 1 // each run is a full boot plus two transfers: one per configuration fits the budget
 	l1.NetTimeout = 100 * time.Second
+	l1.ConsoleSec = 240 // six runs of about 40 s each on a quiet host
+	l1.DMA = ""
+	l1.DMAMap = l1DMAMap(o.reps)
 	// Three runs per prefault case: six cases of two VMMs, each run
 	// seconds long in L1, must fit next to the launches.
 	l1.PrefaultReps = min(3, o.reps)
@@ -242,8 +254,9 @@ func bootL1Once(ctx context.Context, art harness.L1Artifacts, inner string, cfg,
 		Program: inner,
 		Timeout: limit,
 		// Every run announces itself on the result port; silence for
-		// longer than the longest run means L1 itself hung.
-		Idle: max(l1.VMTimeout, l1.NetTimeout) + 30*time.Second,
+		// longer than the longest run (a DMA-map run: its limit plus the
+		// minute its VMM gets to unpin and exit) means L1 itself hung.
+		Idle: max(l1.VMTimeout, l1.NetTimeout, l1.ConsoleLimit, l1.DMAMap.Timeout+time.Minute) + 30*time.Second,
 		Extra: func(im *harness.Image) error {
 			im.AddBytes(l1ConfigPath, cfgJSON, 0o644)
 			if cfg.GoKVM != "" {
@@ -550,9 +563,10 @@ func netUnavailable(hpcvmm string) string {
 	return "hpcvmm run has no network device flag yet (virtio/net is not wired into the VM)"
 }
 
-// dmaUnavailable says why the VFIO DMA-map case is not measured.
+// dmaUnavailable says why the VFIO DMA-map case is not measured on this
+// host (runInL1 clears it: the bench L1 has the IOMMU and the device).
 func dmaUnavailable() string {
-	return "the bench L1 has no IOMMU and no device bound to vfio-pci; iommu's BenchmarkMapGuestRAM (HPCVMM_VFIO_GROUP) measures hpcvmm's side alone"
+	return "runs only inside the bench L1 (QEMU's edu behind an emulated intel-iommu, bound to vfio-pci); iommu's BenchmarkMapGuestRAM (HPCVMM_VFIO_GROUP) measures hpcvmm's side alone on a host"
 }
 
 // raiseHugepages raises the host's 2 MiB pool by n pages and returns a

@@ -85,9 +85,10 @@ func readStatDir(dir string) (map[string]float64, error) {
 
 // memInfo is what the suite reads from /proc/PID/status and smaps.
 type memInfo struct {
-	RSSKiB      uint64 // VmRSS
+	RSSKiB      uint64 // VmRSS + HugetlbPages: hugetlb pages are in neither VmRSS nor smaps' Rss
 	HWMKiB      uint64 // VmHWM
-	GuestRSSKiB uint64 // Rss of the mappings identified as guest RAM
+	HugetlbKiB  uint64 // HugetlbPages
+	GuestRSSKiB uint64 // Rss + Shared_Hugetlb + Private_Hugetlb of the mappings identified as guest RAM
 	GuestMaps   int    // how many mappings those were
 }
 
@@ -114,8 +115,11 @@ func readMemInfo(procRoot string, pid int, ramBytes uint64) (memInfo, error) {
 			mi.RSSKiB = parseKiB(v)
 		case "VmHWM":
 			mi.HWMKiB = parseKiB(v)
+		case "HugetlbPages":
+			mi.HugetlbKiB = parseKiB(v)
 		}
 	}
+	mi.RSSKiB += mi.HugetlbKiB
 	f, err := os.Open(filepath.Join(base, "smaps"))
 	if err != nil {
 		return mi, fmt.Errorf("reading %s/smaps: %w", base, err)
@@ -125,7 +129,8 @@ func readMemInfo(procRoot string, pid int, ramBytes uint64) (memInfo, error) {
 	return mi, err
 }
 
-// guestRSSFromSmaps sums the Rss of the guest-RAM-sized mappings in smaps.
+// guestRSSFromSmaps sums the resident memory of the guest-RAM-sized
+// mappings in smaps: Rss, plus the hugetlb pages, which smaps counts apart.
 func guestRSSFromSmaps(sc *bufio.Scanner, ramBytes uint64) (rssKiB uint64, n int, err error) {
 	lo, hi := ramBytes/8*7, ramBytes+64<<20
 	inGuest := false
@@ -145,8 +150,13 @@ func guestRSSFromSmaps(sc *bufio.Scanner, ramBytes uint64) (rssKiB uint64, n int
 			}
 			continue
 		}
-		if inGuest && strings.HasPrefix(line, "Rss:") {
-			rssKiB += parseKiB(strings.TrimPrefix(line, "Rss:"))
+		if !inGuest {
+			continue
+		}
+		for _, k := range []string{"Rss:", "Shared_Hugetlb:", "Private_Hugetlb:"} {
+			if v, ok := strings.CutPrefix(line, k); ok {
+				rssKiB += parseKiB(v)
+			}
 		}
 	}
 	return rssKiB, n, sc.Err()

@@ -73,6 +73,7 @@ func renderMarkdown(rep *Report) string {
 	}
 	fmt.Fprintf(&b, "Guest: Debian's stock kernel, the harness's busybox initramfs, `%s`, 1 vCPU, %d MiB; %d runs per case and VMM.\n",
 		rep.Config.Cmdline, rep.Config.MemoryMiB, rep.Config.Reps)
+	fmt.Fprintf(&b, "%s\n", ramBackingLine(rep.Config))
 
 	where := whereL1
 	if rep.Config.Where == whereHost {
@@ -104,7 +105,7 @@ func renderMarkdown(rep *Report) string {
 	for _, m := range []struct{ metric, label string }{
 		{mFirstRunSinceStrt, "hpcvmm's log (`first KVM_RUN since_start`, from its Go runtime start)"},
 		{mFirstRunSeen, "the suite (fork/exec → that log line arriving)"},
-		{mHPCVMMPrefault, "of which: prefault of the 512 MiB (4 KiB pages; `guest RAM ready prefault`)"},
+		{mHPCVMMPrefault, fmt.Sprintf("of which: prefault of the %d MiB (%s pages; `guest RAM ready prefault`)", rep.Config.MemoryMiB, rep.Config.launchPages())},
 		{mGuestUptimeAtInit, "for scale: guest kernel uptime when /init ran"},
 	} {
 		if st, ok := ix.get(where, caseLaunch, vmmHPCVMM, m.metric); ok {
@@ -170,8 +171,8 @@ func renderMarkdown(rep *Report) string {
 	}
 
 	// 5. Memory overhead.
-	fmt.Fprintf(&b, "\n**VMM memory overhead at the /init marker** (MiB; VmRSS minus the resident part of the guest RAM mapping; %s; lower is better)\n\n", l1Where)
-	b.WriteString("| VMM | overhead median | min | max | VmRSS median | guest RAM resident | hpcvmm/VMM |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	fmt.Fprintf(&b, "\n**VMM memory overhead at the /init marker** (MiB; VmRSS + HugetlbPages minus the resident part of the guest RAM mapping, hugetlb pages included; %s; lower is better)\n\n", l1Where)
+	b.WriteString("| VMM | overhead median | min | max | VmRSS + HugetlbPages median | guest RAM resident | hpcvmm/VMM |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	ho, hoOK := ix.get(where, caseLaunch, vmmHPCVMM, mRSSOverhead)
 	for _, v := range launchVMMs {
 		st, ok := ix.get(where, caseLaunch, v, mRSSOverhead)
@@ -196,7 +197,13 @@ func renderMarkdown(rep *Report) string {
 		b.WriteString(rows)
 	}
 
-	// 7. Everything else the suite noted (DMA map, skipped cases, failures).
+	// 7. virtio-console.
+	b.WriteString(renderConsole(rep, ix, where, l1Where))
+
+	// 8. VFIO DMA map of guest RAM.
+	b.WriteString(renderDMAMap(rep, ix, where, l1Where))
+
+	// 9. Everything else the suite noted (skipped cases, failures).
 	if len(rep.Notes) > 0 {
 		b.WriteString("\nNotes:\n\n")
 		for _, n := range rep.Notes {

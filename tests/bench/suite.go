@@ -43,7 +43,12 @@ type Config struct {
 	NetSec       int             `json:"net_s"`                 // time kept for the network case
 	NetTimeout   time.Duration   `json:"net_timeout_ns"`        // one network run's limit
 	DMA          string          `json:"dma_unavailable"`       // why the VFIO DMA-map case cannot run
-	Cases        []string        `json:"cases"`                 // which cases run: launch, net, prefault
+	DMAMap       DMAMapConfig    `json:"dma_map"`               // the VFIO DMA-map case (dmamap.go)
+	LaunchPages  string          `json:"launch_pages"`          // guest RAM of the booting cases: pages2M or pages4K ("": 4K, older reports)
+	ConsoleReps  int             `json:"console_reps"`          // runs per VMM of the virtio-console case
+	ConsoleSec   int             `json:"console_s"`             // time kept for the console case
+	ConsoleLimit time.Duration   `json:"console_timeout_ns"`    // one console run's limit
+	Cases        []string        `json:"cases"`                 // which cases run: launch, net, console, prefault, dma-map
 	Done         map[string]bool `json:"done,omitempty"`        // samples an earlier L1 boot already took (sampleKey)
 	FailedVMMs   map[string]bool `json:"failed,omitempty"`      // case|VMM pairs that failed in an earlier L1 boot
 	FailedRuns   map[string]int  `json:"failed_runs,omitempty"` // how many runs of each case|VMM failed there
@@ -67,12 +72,31 @@ func runSuite(ctx context.Context, cfg Config, out sink) {
 	defer cancel()
 	out.env(describeEnv(cfg))
 
-	if cfg.WarmUpMiB > 0 && (cfg.wants(caseLaunch) || cfg.wants(caseNet)) {
+	if cfg.WarmUpMiB > 0 && (cfg.wants(caseLaunch) || cfg.wants(caseNet) || cfg.wants(caseConsole)) {
 		warmUp(cfg, out)
+		if cfg.launchPages() == pages2M {
+			warmUpHugepages(cfg, out)
+		}
 	}
-	prefaultReserve := time.Duration(cfg.PrefaultSec) * time.Second
-	netReserve := time.Duration(cfg.NetSec) * time.Second
-	lastReserve := time.Duration(cfg.LastSec) * time.Second
+	// Time is kept back only for the cases that run.
+	var prefaultReserve, netReserve time.Duration
+	if cfg.wants(casePrefault) {
+		prefaultReserve = time.Duration(cfg.PrefaultSec) * time.Second
+	}
+	if cfg.wants(caseNet) {
+		netReserve = time.Duration(cfg.NetSec) * time.Second
+	}
+	// The DMA-map case runs after the prefault case, before the Last
+	// VMMs' launches: its time is kept with theirs.
+	var dmaReserve time.Duration
+	if cfg.wants(caseDMAMap) && cfg.DMA == "" {
+		dmaReserve = time.Duration(cfg.DMAMap.Sec) * time.Second
+	}
+	lastReserve := time.Duration(cfg.LastSec)*time.Second + dmaReserve
+	var consoleReserve time.Duration
+	if cfg.wants(caseConsole) {
+		consoleReserve = time.Duration(cfg.ConsoleSec) * time.Second
+	}
 	canBoot := cfg.Where == whereL1 || kvmUsable()
 	// VMMs in Last run after everything else: in the test bed a stuck
 	// gokvm guest once took all of L1 down with it, and nothing measured
@@ -81,7 +105,7 @@ func runSuite(ctx context.Context, cfg Config, out sink) {
 	if canBoot && cfg.wants(caseLaunch) {
 		c := cfg
 		c.VMMs = first
-		runLaunches(ctx, c, deadline.Add(-prefaultReserve-netReserve-lastReserve), out)
+		runLaunches(ctx, c, deadline.Add(-prefaultReserve-netReserve-consoleReserve-lastReserve), out)
 	} else if cfg.wants(caseLaunch) {
 		out.note("launch cases: skipped on this host (no usable hardware /dev/kvm; they run inside L1)")
 	}
@@ -90,22 +114,33 @@ func runSuite(ctx context.Context, cfg Config, out sink) {
 	case cfg.NetAvailable != "":
 		out.note("virtio-net throughput: not yet available: " + cfg.NetAvailable)
 	case canBoot && cfg.NetMiB > 0 && cfg.NetReps > 0:
-		nctx, ncancel := context.WithDeadline(ctx, deadline.Add(-prefaultReserve-lastReserve))
+		nctx, ncancel := context.WithDeadline(ctx, deadline.Add(-prefaultReserve-consoleReserve-lastReserve))
 		runNets(nctx, cfg, out)
 		ncancel()
+	}
+	if canBoot && cfg.wants(caseConsole) && cfg.ConsoleReps > 0 {
+		cctx, ccancel := context.WithDeadline(ctx, deadline.Add(-prefaultReserve-lastReserve))
+		runConsoles(cctx, cfg, out)
+		ccancel()
 	}
 	if cfg.wants(casePrefault) {
 		pctx, pcancel := context.WithDeadline(ctx, deadline.Add(-lastReserve))
 		runPrefaults(pctx, cfg, out)
 		pcancel()
 	}
+	switch {
+	case !cfg.wants(caseDMAMap):
+	case cfg.DMA != "":
+		out.note("DMA map (VFIO): not measured: " + cfg.DMA)
+	case canBoot:
+		dctx, dcancel := context.WithDeadline(ctx, deadline.Add(-lastReserve+dmaReserve))
+		runDMAMaps(dctx, cfg, out)
+		dcancel()
+	}
 	if canBoot && cfg.wants(caseLaunch) && len(last) > 0 {
 		c := cfg
 		c.VMMs = last
 		runLaunches(ctx, c, deadline, out)
-	}
-	if cfg.DMA != "" {
-		out.note("DMA map (VFIO): not measured: " + cfg.DMA)
 	}
 	e := Env{"load_end": loadavg(), "suite_duration": time.Since(start).Round(time.Second).String()}
 	out.env(e)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -29,6 +30,11 @@ const (
 	// NVMeDiskSize is the size of the NVMe namespace's disk image.
 	NVMeDiskSize = 64 << 20
 
+	// PassthroughHugePages1G is how many 1 GiB hugepages L1 reserves for
+	// guest RAM: enough for a guest with RAM above 4 GiB (4 GiB: 3 below
+	// the 32-bit hole, 1 above).
+	PassthroughHugePages1G = 4
+
 	// PassthroughBARFile and PassthroughDiskFile are the backing files
 	// ProfilePassthrough.Prepare creates in the L1 run directory.
 	PassthroughBARFile  = "ivshmem-bar2.mem"
@@ -38,7 +44,9 @@ const (
 // ProfilePassthrough is L1 with an IOMMU and the three passthrough
 // stand-ins of testbed.md: edu at 04.0, an NVMe controller with SR-IOV at
 // 05.0 whose VF 05.1 the setup creates, and ivshmem-plain with a 64 GiB
-// BAR2 at 06.0; plus two 1 GiB hugepages for guest RAM. Every device stays
+// BAR2 at 06.0; plus four 1 GiB hugepages for guest RAM, so one scenario
+// can give its guest RAM on both sides of the 32-bit PCI hole (3 GiB
+// below it, 1 GiB from 4 GiB). Every device stays
 // on its default driver (edu, the VF and ivshmem on none, the PF on nvme):
 // each scenario binds what it needs, so the scenarios do not depend on one
 // another's order.
@@ -46,17 +54,23 @@ const (
 // The IOMMU is the recipe of the kernel's VFIO selftests (split irqchip,
 // interrupt remapping, caching mode); aw-bits=48 because the 64 GiB BAR is
 // placed high, and the 64-bit PCI hole is widened from QEMU's 32 GiB
-// default so the BAR fits at all.
+// default so the BAR fits at all. edu's DMA mask is widened from its 28-bit
+// default so it can reach guest RAM above 4 GiB.
+//
+// Memory: 7G is 2 GiB below QEMU's 32-bit hole and 5 GiB above it, of which
+// the kernel finds four aligned free GiB (see ProfileBasic: 5G gives two);
+// QEMU allocates L1 RAM lazily, so only what the guests touch costs host
+// memory.
 var ProfilePassthrough = Profile{
 	Name:    "passthrough",
 	Machine: "q35,kernel-irqchip=split",
-	Memory:  "5G", // see ProfileBasic: room for two 1 GiB pages
+	Memory:  "7G",
 	CPUs:    1,
 	Devices: []string{
 		// intel-iommu must come before the PCI devices it translates.
 		"-device", "intel-iommu,intremap=on,caching-mode=on,aw-bits=48",
 		"-global", "q35-pcihost.pci-hole64-size=256G",
-		"-device", "edu,addr=04.0",
+		"-device", "edu,addr=04.0,dma_mask=0xffffffffffffffff",
 	},
 	// nohz=off highres=off: a periodic LAPIC tick instead of one-shot
 	// timers. Measured: this L1 (one vCPU, TCG, nested SVM) froze in about
@@ -64,7 +78,7 @@ var ProfilePassthrough = Profile{
 	// vector pending in IRR, never delivered, and the vCPU halted with
 	// interrupts enabled: a wakeup QEMU lost. A periodic timer raises the
 	// interrupt again on every tick, so a lost wakeup costs one tick.
-	Cmdline: []string{"intel_iommu=on", "hugepagesz=1G", "hugepages=2", "nohz=off", "highres=off"},
+	Cmdline: []string{"intel_iommu=on", "hugepagesz=1G", "hugepages=" + strconv.Itoa(PassthroughHugePages1G), "nohz=off", "highres=off"},
 	Setup:   passthroughSetup,
 	HostReady: func() error {
 		// The stand-ins exist only under QEMU; a real host has real
@@ -119,9 +133,9 @@ func preparePassthrough(dir string) ([]string, error) {
 // flexible resources to secondary controller 1, one VF without driver
 // autoprobe (so it binds only through driver_override), the secondary
 // controller online, the namespace attached to it.
-const passthroughSetup = `pf=/sys/bus/pci/devices/` + NVMePFBDF + `
+var passthroughSetup = `pf=/sys/bus/pci/devices/` + NVMePFBDF + `
 n=$(cat /sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages)
-[ "$n" -eq 2 ] || { echo "L1 has $n of 2 1 GiB hugepages: raise the profile's Memory"; exit 1; }
+[ "$n" -eq ` + strconv.Itoa(PassthroughHugePages1G) + ` ] || { echo "L1 has $n of ` + strconv.Itoa(PassthroughHugePages1G) + ` 1 GiB hugepages: raise the profile's Memory"; exit 1; }
 [ -n "$(ls /sys/kernel/iommu_groups)" ] || { echo "no IOMMU groups: intel-iommu or intel_iommu=on missing"; exit 1; }
 i=0
 while [ ! -c /dev/nvme0 ]; do

@@ -18,13 +18,13 @@ func TestProfilePassthroughQEMUArgs(t *testing.T) {
 	joined := strings.Join(args, " ")
 	assert.Contains(t, joined, "-machine q35,kernel-irqchip=split")
 	iommu := slices.Index(args, "intel-iommu,intremap=on,caching-mode=on,aw-bits=48")
-	edu := slices.Index(args, "edu,addr=04.0")
+	edu := slices.Index(args, "edu,addr=04.0,dma_mask=0xffffffffffffffff")
 	require.GreaterOrEqual(t, iommu, 0)
 	assert.Less(t, iommu, edu, "intel-iommu must precede the devices it translates")
 	assert.Contains(t, joined, "q35-pcihost.pci-hole64-size=256G")
 	cmdline := strings.Fields(args[slices.Index(args, "-append")+1])
 	assert.Contains(t, cmdline, "intel_iommu=on")
-	assert.Contains(t, cmdline, "hugepages=2")
+	assert.Contains(t, cmdline, "hugepages=4")
 }
 
 func TestPreparePassthrough(t *testing.T) {

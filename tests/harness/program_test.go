@@ -23,7 +23,9 @@ func TestProfileBenchReservesBothHugepageSizes(t *testing.T) {
 	require.NoError(t, err)
 	j := strings.Join(args, " ")
 	assert.Contains(t, j, "-smp 2")
-	assert.Contains(t, j, "hugepagesz=1G hugepages=2 hugepagesz=2M hugepages=512 nohz=off highres=off")
+	assert.Contains(t, j, "intel_iommu=on hugepagesz=1G hugepages=4 hugepagesz=2M hugepages=512 nohz=off highres=off")
+	assert.Contains(t, j, "-device intel-iommu,intremap=on,caching-mode=on,aw-bits=48 -device edu,addr=04.0", "the DMA-map case needs an IOMMU and edu")
+	assert.Contains(t, ProfileBench.Setup, "vfio-pci")
 	assert.Contains(t, ProfileBench.Setup, "debugfs")
 }
 
