@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -168,6 +169,16 @@ func TestNetworkPingAndTransfer(t *testing.T) {
 				env.Record(t, "guest_tx_seconds", g["net_tx_seconds"])
 				env.Record(t, "guest_rx_seconds", g["net_rx_seconds"])
 				env.Record(t, "wall_ms", strconv.FormatInt(time.Since(start).Milliseconds(), 10))
+				// The guest's virtio interrupt counts after both transfers
+				// (/proc/interrupts): how often the data path interrupted it.
+				var irqs []string
+				for k, v := range g {
+					if strings.HasPrefix(k, "irq_") {
+						irqs = append(irqs, k+"="+v)
+					}
+				}
+				sort.Strings(irqs)
+				env.Record(t, "guest_interrupts", strings.Join(irqs, " "))
 			})
 		}
 	})

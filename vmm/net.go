@@ -6,6 +6,7 @@ import (
 	"github.com/hpcvmm/hpcvmm/uapi"
 	virtionet "github.com/hpcvmm/hpcvmm/virtio/net"
 	"github.com/hpcvmm/hpcvmm/virtio/transport"
+	"github.com/hpcvmm/hpcvmm/vmm/host"
 )
 
 // Vhost settings of a NetConfig.
@@ -93,7 +94,8 @@ func (vm *VM) addNets() error {
 		}
 		opts := virtionet.Options{
 			Name: n.TAP, MTU: mtu, Pairs: queues, Memory: vm.mem, Regions: regions,
-			OnError: func(err error) { vm.log.Warn("virtio-net", "tap", n.TAP, "err", err) },
+			WorkerCPUs: workerCPUs(vm.place),
+			OnError:    func(err error) { vm.log.Warn("virtio-net", "tap", n.TAP, "err", err) },
 		}
 		if n.MAC != "" {
 			opts.MAC, _ = virtionet.ParseMAC(n.MAC) // validated
@@ -123,9 +125,32 @@ func (vm *VM) addNets() error {
 		}
 		vhost, why := dev.Vhost()
 		vm.log.Info("virtio-net", "tap", n.TAP, "created", tap.Created(), "mac", dev.MAC().String(),
-			"queues", queues, "mtu", mtu, "vhost", vhost, "why_not_vhost", why)
+			"queues", queues, "mtu", mtu, "vhost", vhost, "why_not_vhost", why,
+			"vhost_worker_cpus", host.FormatCPUList(opts.WorkerCPUs))
 	}
 	return nil
+}
+
+// workerCPUs are the host CPUs for the kernel's vhost-net workers: the
+// VM's node's CPUs that run no vCPU, so a worker never queues behind the
+// pinned vCPU whose packets it moves (and the vCPU is not preempted by it),
+// while staying next to guest RAM. When every CPU of the node runs a vCPU,
+// the whole node.
+func workerCPUs(p placement) []int {
+	busy := map[int]bool{}
+	for _, c := range p.vcpuCPUs {
+		busy[c] = true
+	}
+	var free []int
+	for _, c := range p.nodeCPUs {
+		if !busy[c] {
+			free = append(free, c)
+		}
+	}
+	if len(free) == 0 {
+		return append([]int(nil), p.nodeCPUs...)
+	}
+	return free
 }
 
 // closeNet releases what a virtio-net transport's device holds (its TAP)

@@ -37,3 +37,18 @@ func TestValidateNets(t *testing.T) {
 		}
 	}
 }
+
+func TestWorkerCPUs(t *testing.T) {
+	for _, c := range []struct {
+		vcpus, node, want []int
+	}{
+		{[]int{0}, []int{0, 1}, []int{1}},             // the test bed's L1: vCPU on 0, vhost on 1
+		{[]int{4, 5}, []int{4, 5, 6, 7}, []int{6, 7}}, // spare CPUs of the node
+		{[]int{0, 1}, []int{0, 1}, []int{0, 1}},       // none spare: the whole node
+		{[]int{0, 0, 0}, []int{0, 1, 2}, []int{1, 2}}, // vCPUs sharing a CPU
+		{[]int{8}, []int{0, 1}, []int{0, 1}},          // --cpu-list off the node
+	} {
+		got := workerCPUs(placement{vcpuCPUs: c.vcpus, nodeCPUs: c.node})
+		assert.Equal(t, c.want, got, "vCPUs on %v, node CPUs %v", c.vcpus, c.node)
+	}
+}

@@ -10,8 +10,10 @@
 // (the default when /dev/vhost-net exists) it hands each pair to a kernel
 // vhost-net instance: guest RAM as its memory table, the rings, the
 // doorbell eventfd as the vring's kick and the MSI-X vector's irqfd eventfd
-// as its call, the TAP queue as its backend; hpcvmm is then off the data
-// path. Otherwise one worker goroutine per pair moves packets between the
+// as its call (moved along when the driver changes the queue's vector),
+// the TAP queue as its backend, and its worker thread placed on
+// Options.WorkerCPUs, off the pinned vCPUs' CPUs; hpcvmm is then off the
+// data path. Otherwise one worker goroutine per pair moves packets between the
 // rings and its TAP queue: doorbells arrive as KVM ioeventfds, interrupts
 // leave as KVM irqfds (through the MSI-X masking logic), every descriptor
 // is validated by virtio/queue, every transmit header by ValidateTx, and no
@@ -101,6 +103,11 @@ type Options struct {
 	Memory queue.GuestMemory
 	// Regions are guest RAM's regions, for vhost's memory table.
 	Regions []uapi.VhostRegion
+	// WorkerCPUs are the host CPUs the kernel's vhost-net worker threads
+	// may run on: the VM's node's CPUs that no vCPU is pinned to (all of
+	// the node's when every one runs a vCPU). Empty leaves the workers
+	// where the kernel put them.
+	WorkerCPUs []int
 	// OnError hears about host-side failures with no caller to return to
 	// (TAP I/O errors other than drops, vhost setup). May be nil.
 	OnError func(error)
@@ -136,8 +143,16 @@ type Device struct {
 	ctrlCh   *queue.Chain
 	ctrlBuf  [ctrlMaxCommandLen]byte
 	workers  []*pair
-	vhosts   []*uapi.VhostNet
+	vhosts   []vhostNet // by pair; nil for a pair not started
 	running  bool
+
+	// openVhost opens a vhost-net instance; nil means /dev/vhost-net
+	// (tests substitute a recorder).
+	openVhost func() (vhostNet, error)
+	// procRoot and setAffinity find and place vhost workers ("/proc" and
+	// sched_setaffinity unless a test substitutes them).
+	procRoot    string
+	setAffinity func(tid int, cpus []int) error
 
 	statsMu sync.Mutex
 	retired Stats // counters of workers that ended
@@ -433,6 +448,9 @@ func (d *Device) stop() {
 	d.workers = nil
 	d.statsMu.Unlock()
 	for _, v := range d.vhosts {
+		if v == nil {
+			continue
+		}
 		if err := v.Close(); err != nil {
 			d.report(err)
 		}

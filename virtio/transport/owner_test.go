@@ -22,7 +22,10 @@ type ownerDev struct {
 	got      []transport.QueueFDs
 	fail     func(error)
 	notified [2]int
+	calls    []int // QueueCallChanged: 100*q + fd
 }
+
+func (d *ownerDev) QueueCallChanged(q, call int) { d.calls = append(d.calls, 100*q+call) }
 
 func (d *ownerDev) QueueMaxSizes() []uint16 { return []uint16{64, 64} }
 func (d *ownerDev) TakeEventFDs(q []transport.QueueFDs, fail func(error)) []bool {
@@ -77,4 +80,45 @@ func TestEventFDOwner(t *testing.T) {
 	r.SetStatus(0) // reset stops the goroutine before reading notified
 	assert.Equal(t, 0, d.notified[0])
 	assert.GreaterOrEqual(t, d.notified[1], 1)
+}
+
+// TestCallFDOwnerFollowsVector: a vector change of an owned queue after
+// DRIVER_OK reaches the owner with the new vector's irqfd eventfd (or -1);
+// changes before DRIVER_OK, on queues the transport serves, and after a
+// reset do not.
+func TestCallFDOwnerFollowsVector(t *testing.T) {
+	if raceEnabled {
+		t.Skip("guest memory is shared with the device goroutine without Go synchronization, as with a real guest")
+	}
+	d := &ownerDev{}
+	mem := make(queuetest.Memory, 1<<20)
+	r, err := transporttest.NewRig(d, mem)
+	require.NoError(t, err)
+	t.Cleanup(func() { r.T.Close() })
+	r.EnableMSIX(3)
+	r.Negotiate(goodFeatures)
+	setVec := func(q int, v uint16) {
+		r.Write(r.Common+22, 2, uint64(q))
+		r.Write(r.Common+26, 2, uint64(v))
+	}
+	q0 := queuetest.NewDriver(mem, 16, 0x1000)
+	q1 := queuetest.NewDriver(mem, 16, 0x4000)
+	r.SetupQueue(0, q0, 1)
+	setVec(0, 2) // before DRIVER_OK: only what TakeEventFDs sees counts
+	r.SetupQueue(1, q1, 1)
+	r.DriverOK()
+	require.Len(t, d.got, 2)
+	assert.Equal(t, r.T.IRQFDs().EventFD(2), d.got[0].Call)
+	assert.Empty(t, d.calls)
+
+	irq := r.T.IRQFDs()
+	setVec(0, 1)
+	setVec(1, 2) // the transport's own queue: nothing to tell
+	setVec(0, virtio.NoVector)
+	setVec(0, virtio.NoVector)
+	assert.Equal(t, []int{irq.EventFD(1), -1}, d.calls)
+
+	r.SetStatus(0)
+	setVec(0, 1)
+	assert.Len(t, d.calls, 2, "not running after a reset")
 }

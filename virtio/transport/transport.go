@@ -140,6 +140,19 @@ type EventFDOwner interface {
 	TakeEventFDs(queues []QueueFDs, fail func(error)) (owned []bool)
 }
 
+// CallFDOwner is an optional interface of an EventFDOwner that hands the
+// Call eventfds of its queues to someone else (vhost): the driver may move
+// a queue to another MSI-X vector after DRIVER_OK, and the interrupt
+// eventfd must follow it. The transport calls QueueCallChanged under its lock
+// when the driver changes the vector of a queue the device owns while the
+// device is running; call is the new vector's irqfd eventfd, or -1 when
+// the driver gave the queue no vector (VIRTIO_MSI_NO_VECTOR: no
+// interrupts). Like the ones in QueueFDs, the eventfd stays the
+// transport's.
+type CallFDOwner interface {
+	QueueCallChanged(q int, call int)
+}
+
 type queueState struct {
 	max, size            uint16
 	vector               atomic.Uint32
@@ -169,6 +182,7 @@ type Transport struct {
 	status      uint8
 	queueSel    uint16
 	queues      []queueState
+	owned       []bool // queues the EventFDOwner took at the last activation
 	running     bool
 	done        chan struct{}
 
@@ -643,7 +657,10 @@ func (t *Transport) setField(off int, v uint32) {
 		}
 	case ccQueueMSIXVector:
 		if q != nil {
-			q.vector.Store(t.validVector(v))
+			nv := t.validVector(v)
+			if q.vector.Swap(nv) != nv {
+				t.queueVectorChanged(int(t.queueSel), nv)
+			}
 		}
 	case ccQueueEnable:
 		if qWritable && v == 1 {
@@ -660,6 +677,28 @@ func (t *Transport) setField(off int, v uint32) {
 			*p = *p&0xffffffff | uint64(v)<<32
 		}
 	}
+}
+
+// queueVectorChanged passes a running owned queue's new interrupt
+// eventfd to its owner (under t.mu). Queues the transport serves itself
+// need nothing: SignalQueue reads the vector on every interrupt.
+func (t *Transport) queueVectorChanged(q int, vector uint32) {
+	if !t.running || q >= len(t.owned) || !t.owned[q] {
+		return
+	}
+	owner, ok := t.dev.(CallFDOwner)
+	if !ok {
+		return
+	}
+	owner.QueueCallChanged(q, t.callFD(vector))
+}
+
+// callFD is vector's irqfd eventfd, or -1 for no vector.
+func (t *Transport) callFD(vector uint32) int {
+	if vector == virtio.NoVector || int(vector) >= t.msix.Vectors() {
+		return -1
+	}
+	return t.irqfds.EventFD(int(vector))
 }
 
 func (t *Transport) enableQueue(q *queueState) {
@@ -714,12 +753,15 @@ func (t *Transport) activate() {
 			qs[i], active[i] = t.queues[i].q, true
 		}
 	}
+	t.owned = t.owned[:0]
 	if owner, ok := t.dev.(EventFDOwner); ok {
 		owned := owner.TakeEventFDs(t.queueFDs(), t.fail)
 		for i := range active {
-			if i < len(owned) && owned[i] {
+			own := i < len(owned) && owned[i]
+			if own {
 				active[i] = false
 			}
+			t.owned = append(t.owned, own)
 		}
 	}
 	if err := t.dev.Activate(t.drvFeatures, qs, t); err != nil {
@@ -736,11 +778,8 @@ func (t *Transport) queueFDs() []QueueFDs {
 	fds := make([]QueueFDs, len(t.queues))
 	for i := range t.queues {
 		q := &t.queues[i]
-		fds[i] = QueueFDs{Enabled: q.enabled, Kick: q.notifyFD, Call: -1,
+		fds[i] = QueueFDs{Enabled: q.enabled, Kick: q.notifyFD, Call: t.callFD(q.vector.Load()),
 			Config: queue.Config{Size: q.size, Desc: q.desc, Driver: q.driver, Device: q.device}}
-		if v := q.vector.Load(); v != virtio.NoVector && int(v) < t.msix.Vectors() {
-			fds[i].Call = t.irqfds.EventFD(int(v))
-		}
 	}
 	return fds
 }
