@@ -133,7 +133,7 @@ func (v *vcpu) handleExit(reason uapi.ExitReason) error {
 		// here means the guest halted with no way to wake up.
 		return fmt.Errorf("vCPU %d halted with interrupts disabled (KVM_EXIT_HLT)", v.index)
 	case uapi.ExitShutdown:
-		return fmt.Errorf("vCPU %d: guest triple fault (KVM_EXIT_SHUTDOWN)%s", v.index, v.ripSuffix())
+		return fmt.Errorf("vCPU %d: guest triple fault (KVM_EXIT_SHUTDOWN)%s", v.index, v.shutdownSuffix())
 	case uapi.ExitSystemEvent:
 		typ, _ := v.run.SystemEvent()
 		switch typ {
@@ -158,6 +158,26 @@ func (v *vcpu) handleExit(reason uapi.ExitReason) error {
 		return fmt.Errorf("vCPU %d: unexpected KVM exit %v%s", v.index, reason, v.ripSuffix())
 	}
 	return nil
+}
+
+// resetVectorRIP is the RIP of a vCPU in its power-on state (CS base
+// 0xffff0000 + 0xfff0).
+const resetVectorRIP = 0xfff0
+
+// shutdownSuffix describes where the guest was at a triple fault. KVM on
+// AMD reinitialises the vCPU on a shutdown intercept (the VMCB is undefined
+// after it), so there the registers read back are the reset values and
+// the faulting RIP is gone; the message says so rather than report the
+// reset vector as if the guest had failed there.
+func (v *vcpu) shutdownSuffix() string {
+	regs, err := v.cpu.GetRegs()
+	if err != nil {
+		return ""
+	}
+	if regs.RIP == resetVectorRIP {
+		return " (registers already reset by KVM, as on AMD hosts: the faulting RIP is lost; trace kvm:kvm_exit in the host to see it)"
+	}
+	return fmt.Sprintf(" at RIP %#x", regs.RIP)
 }
 
 // ripSuffix describes where the guest was, for fatal-exit messages.

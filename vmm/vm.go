@@ -458,7 +458,8 @@ func (vm *VM) logVCPUState() {
 		sregs, _ := c.cpu.GetSregs()
 		vm.log.Info("vCPU state at stop", "vcpu", c.index, "rip", fmt.Sprintf("%#x", regs.RIP),
 			"rsp", fmt.Sprintf("%#x", regs.RSP), "rflags", fmt.Sprintf("%#x", regs.RFLAGS),
-			"cr0", fmt.Sprintf("%#x", sregs.CR0), "cr3", fmt.Sprintf("%#x", sregs.CR3), "efer", fmt.Sprintf("%#x", sregs.EFER))
+			"cr0", fmt.Sprintf("%#x", sregs.CR0), "cr2", fmt.Sprintf("%#x", sregs.CR2), "cr3", fmt.Sprintf("%#x", sregs.CR3),
+			"cr4", fmt.Sprintf("%#x", sregs.CR4), "efer", fmt.Sprintf("%#x", sregs.EFER))
 	}
 }
 

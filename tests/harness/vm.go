@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -75,7 +76,12 @@ func (e *Env) StartVM(t testing.TB, args ...string) *VMProcess {
 		cancel()
 		t.Fatalf("StartVM: stdin pipe: %v", err)
 	}
-	vm.cmd.WaitDelay = 5 * time.Second // don't hang on pipes a child inherited
+	// At the timeout hpcvmm gets SIGTERM first: it then stops the vCPUs
+	// and logs where each one was (RIP, control registers), which is what
+	// tells a hang in the guest from one in the VMM. WaitDelay later it is
+	// killed, and pipes a child inherited are closed.
+	vm.cmd.Cancel = func() error { return vm.cmd.Process.Signal(syscall.SIGTERM) }
+	vm.cmd.WaitDelay = 5 * time.Second
 	if err := vm.cmd.Start(); err != nil {
 		cancel()
 		t.Fatalf("StartVM: starting %s %s: %v", bin, strings.Join(args, " "), err)
@@ -93,8 +99,14 @@ func (e *Env) StartVM(t testing.TB, args ...string) *VMProcess {
 		select {
 		case <-vm.done:
 		default:
-			_ = vm.cmd.Process.Kill()
-			<-vm.done
+			// SIGTERM first, for the vCPU state in hpcvmm's log.
+			_ = vm.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-vm.done:
+			case <-time.After(5 * time.Second):
+				_ = vm.cmd.Process.Kill()
+				<-vm.done
+			}
 		}
 		if !t.Failed() {
 			return
