@@ -288,3 +288,9 @@ func TestDoneSoFarLetsAFreshL1Continue(t *testing.T) {
 	assert.Equal(t, []string{vmmHPCVMM, vmmQEMUMicrovm, vmmQEMUQ35}, first)
 	assert.Equal(t, []string{vmmGoKVM}, last)
 }
+
+func TestRunsPerCaseNamesEveryCase(t *testing.T) {
+	cfg := Config{Reps: 3, NetReps: 2, ConsoleReps: 2, PrefaultReps: 2, DMAMap: DMAMapConfig{Reps: 2, Reps4K: 1}}
+	assert.Equal(t, "runs per VMM: launch 3, virtio-net 2, virtio-console 2, prefault 2 in L1 (3 on the host), DMA map 2 (1 on 4 KiB pages)", runsPerCase(cfg))
+	assert.Equal(t, "runs per VMM: launch 5", runsPerCase(Config{Reps: 5}), "an older report without the other cases")
+}

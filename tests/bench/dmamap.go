@@ -826,7 +826,7 @@ func fmtMiB(mib int) string {
 }
 
 // l1DMAMap is the DMA-map case inside the bench L1: edu, 1, 2 and 4 GiB on
-// each page size, at most three runs per cell, one with 4 KiB pages. Every
+// each page size, at most two runs per cell, one with 4 KiB pages. Every
 // run prefaults its guest RAM under emulation before it maps it; measured
 // in L1 with a host load of 10: 20 s for 1 GiB of 4 KiB pages against 6 s
 // for 1 GiB of 1 GiB pages, so three rounds of the 4 KiB cells alone
@@ -836,9 +836,9 @@ func l1DMAMap(reps int) DMAMapConfig {
 		Device:   harness.EduBDF,
 		Pages:    []string{"1G", "2M", "4K"},
 		SizesMiB: []int{1024, 2048, 4096},
-		Reps:     min(3, reps),
+		Reps:     min(2, reps),
 		Reps4K:   1,
-		Sec:      300,
+		Sec:      180,
 		// The longest run measured (4 GiB of 4 KiB pages, host load 8)
 		// was ready after 45 s and gone 9 s later; the outer side's idle
 		// limit (a hung L1) grows with this.

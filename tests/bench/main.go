@@ -2,7 +2,7 @@
 // hpcvmm and its peers (QEMU with -M microvm and -M q35, gokvm) in one run
 // on the same machine and writes a Markdown table and a JSON file.
 //
-//	go run ./tests/bench                       # everything, about 20 minutes
+//	go run ./tests/bench                       # everything, under 15 minutes
 //	go run ./tests/bench -reps 3 -out /tmp/b   # fewer runs per case
 //
 // Cases (issue 8): launch to the guest's /init marker (1 vCPU, 512 MiB on
@@ -88,7 +88,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.out, "out", o.out, "directory for bench-DATE.json and bench-DATE.md (default: the harness cache's bench/)")
 	fs.StringVar(&o.gokvm, "gokvm", o.gokvm, "module@version of gokvm to build with go install")
 	fs.BoolVar(&o.hostPrefault, "host-prefault", o.hostPrefault, "also run the prefault cases on this host (they need no KVM)")
-	fs.IntVar(&o.hostHugepages, "host-hugepages", o.hostHugepages, "temporarily raise this host's 2 MiB pool by this many pages for the host prefault case (restored afterwards); 0 uses what is free")
+	fs.IntVar(&o.hostHugepages, "host-hugepages", o.hostHugepages, "temporarily raise this host's 2 MiB pool by this many pages, and its 1 GiB pool by the 2 pages its case needs, for the host prefault cases (both restored afterwards); 0 uses what is free")
 	fs.IntVar(&o.memoryMiB, "memory", o.memoryMiB, "guest RAM of the launch case in MiB")
 	fs.StringVar(&o.render, "render", "", "only re-render the Markdown of an earlier bench-*.json to stdout")
 	fs.StringVar(&o.launchPages, "launch-pages", o.launchPages, "guest RAM of the booting cases: 2M (hpcvmm --hugepages 2M, QEMU a prefaulted 2 MiB hugetlb memfd backend) or 4K (hpcvmm --hugepages none, QEMU its default RAM)")

@@ -71,8 +71,8 @@ func renderMarkdown(rep *Report) string {
 			orUnknown(rep.L1["hugepages_2048kB"]), orUnknown(strings.TrimPrefix(rep.L1["qemu_version"], "QEMU emulator version ")),
 			orUnknown(rep.Host["gokvm_version"]))
 	}
-	fmt.Fprintf(&b, "Guest: Debian's stock kernel, the harness's busybox initramfs, `%s`, 1 vCPU, %d MiB; %d runs per case and VMM.\n",
-		rep.Config.Cmdline, rep.Config.MemoryMiB, rep.Config.Reps)
+	fmt.Fprintf(&b, "Guest: Debian's stock kernel, the harness's busybox initramfs, `%s`, 1 vCPU, %d MiB; %s.\n",
+		rep.Config.Cmdline, rep.Config.MemoryMiB, runsPerCase(rep.Config))
 	fmt.Fprintf(&b, "%s\n", ramBackingLine(rep.Config))
 
 	where := whereL1
@@ -363,4 +363,23 @@ func oneLine(s string, n int) string {
 		s = s[:n] + "…"
 	}
 	return s
+}
+
+// runsPerCase says how many runs each case was given per VMM: the
+// launches get Reps, the longer cases fewer so the suite fits its budget.
+func runsPerCase(cfg Config) string {
+	parts := []string{fmt.Sprintf("runs per VMM: launch %d", cfg.Reps)}
+	if cfg.NetReps > 0 {
+		parts = append(parts, fmt.Sprintf("virtio-net %d", cfg.NetReps))
+	}
+	if cfg.ConsoleReps > 0 {
+		parts = append(parts, fmt.Sprintf("virtio-console %d", cfg.ConsoleReps))
+	}
+	if cfg.PrefaultReps > 0 {
+		parts = append(parts, fmt.Sprintf("prefault %d in L1 (%d on the host)", cfg.PrefaultReps, cfg.Reps))
+	}
+	if cfg.DMAMap.Reps > 0 {
+		parts = append(parts, fmt.Sprintf("DMA map %d (%d on 4 KiB pages)", cfg.DMAMap.Reps, cfg.DMAMap.repsFor("4K")))
+	}
+	return strings.Join(parts, ", ")
 }

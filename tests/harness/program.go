@@ -99,6 +99,9 @@ type L1Program struct {
 	// been silent that long: a program that reports before each step makes
 	// a hung L1 cost Idle instead of the whole Timeout.
 	Idle time.Duration
+	// SoftLockup, when positive, ends the boot early when L1's console
+	// reports a soft lockup at least this long (see watchSoftLockup).
+	SoftLockup time.Duration
 }
 
 // L1Artifacts are the pieces RunL1Program builds on this host.
@@ -137,6 +140,7 @@ type L1ProgramRun struct {
 	Elapsed     time.Duration // QEMU start to exit
 	Hung        bool          // QEMU was killed at the timeout
 	Idle        bool          // QEMU was killed because the result port stayed silent for L1Program.Idle
+	LockedUp    bool          // QEMU was killed because L1 reported a soft lockup of L1Program.SoftLockup or more
 }
 
 // RunL1Program builds the L1 image for spec and boots it once. An error
@@ -209,10 +213,15 @@ func RunL1Program(ctx context.Context, a L1Artifacts, spec L1Program) (*L1Progra
 	go func() {
 		idleDone <- spec.Idle > 0 && watchIdle(r.ResultsPath, spec.Idle, stopTail, idleKill)
 	}()
+	lockupDone := make(chan bool, 1)
+	go func() {
+		lockupDone <- spec.SoftLockup > 0 && watchSoftLockup(r.ConsolePath, spec.SoftLockup, stopTail, idleKill)
+	}()
 	runErr := cmd.Wait()
 	close(stopTail)
 	<-tailDone
 	r.Idle = <-idleDone
+	r.LockedUp = <-lockupDone
 	r.Elapsed = time.Since(start)
 	r.QEMUOutput = out.String()
 	r.Hung = errors.Is(ctx.Err(), context.DeadlineExceeded)
@@ -227,7 +236,7 @@ func RunL1Program(ctx context.Context, a L1Artifacts, spec L1Program) (*L1Progra
 	if r.Results, err = ParseResults(f); err != nil {
 		return r, err
 	}
-	if runErr != nil && !r.Hung && !r.Idle {
+	if runErr != nil && !r.Hung && !r.Idle && !r.LockedUp {
 		return r, fmt.Errorf("qemu-system-x86_64 failed: %v\n%s", runErr, r.QEMUOutput)
 	}
 	return r, nil

@@ -96,3 +96,42 @@ func TestWatchIdleKillsOnlyWhenSilent(t *testing.T) {
 	close(stop)
 	assert.False(t, watchIdle(path, time.Hour, stop, func() { t.Error("kill after stop") }))
 }
+
+func TestLongestSoftLockup(t *testing.T) {
+	con := "[  313.18] watchdog: BUG: soft lockup - CPU#1 stuck for 22s! [kthreadd:2]\n" +
+		"[  345.10] watchdog: BUG: soft lockup - CPU#0 stuck for 49s! [swapper/0:0]\n"
+	assert.Equal(t, 49*time.Second, longestSoftLockup([]byte(con)))
+	assert.Equal(t, time.Duration(0), longestSoftLockup([]byte("Run /init as init process\n")))
+}
+
+func TestWatchSoftLockupKillsAtTheLimit(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "console.log")
+	require.NoError(t, os.WriteFile(path, []byte("watchdog: BUG: soft lockup - CPU#1 stuck for 22s! [kthreadd:2]\n"), 0o644))
+	killed := make(chan struct{})
+	done := make(chan bool, 1)
+	go func() { done <- watchSoftLockup(path, time.Minute, nil, func() { close(killed) }) }()
+	time.Sleep(2500 * time.Millisecond)
+	select {
+	case <-killed:
+		t.Fatal("killed at a 22 s lockup with a one-minute limit")
+	default:
+	}
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	require.NoError(t, err)
+	// Written in two pieces: a report split across reads still counts.
+	_, _ = f.WriteString("watchdog: BUG: soft lockup - CPU#0 stu")
+	require.NoError(t, f.Sync())
+	time.Sleep(2500 * time.Millisecond)
+	_, _ = f.WriteString("ck for 75s! [swapper/0:0]\n")
+	require.NoError(t, f.Close())
+	select {
+	case <-killed:
+	case <-time.After(6 * time.Second):
+		t.Fatal("not killed after a 75 s lockup")
+	}
+	assert.True(t, <-done)
+
+	stop := make(chan struct{})
+	close(stop)
+	assert.False(t, watchSoftLockup(path, time.Hour, stop, func() { t.Error("kill after stop") }))
+}
