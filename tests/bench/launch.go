@@ -194,7 +194,11 @@ func runLaunch(ctx context.Context, cfg Config, vmm string, rep int) Sample {
 	}
 	if !reached {
 		if why == "" {
-			why = fmt.Sprintf("exited before the guest's init marker (%v)", waitErr)
+			status := "exit status 0: the guest reset itself, by a panic with panic=-1 or a triple fault"
+			if waitErr != nil {
+				status = waitErr.Error()
+			}
+			why = fmt.Sprintf("exited before the guest's init marker (%s)", status)
 		}
 		s.Err = fmt.Sprintf("%s after %v; console tail: %q; stderr tail: %q", why,
 			time.Since(start).Round(time.Millisecond), tail(stdout.String(), 600), tail(log, 600))
