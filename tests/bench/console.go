@@ -133,28 +133,18 @@ func runConsole(ctx context.Context, cfg Config, vmm string, rep int) Sample {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	stderr := newStream()
 	cmd.Stdout, cmd.Stderr = serial, stderr
-	stdin, err := cmd.StdinPipe()
+	p, err := startVMM(cmd, func(t time.Time) { serial.setStart(t); con.setStart(t) })
 	if err != nil {
 		s.Err = err.Error()
 		return s
 	}
-	defer stdin.Close()
-	input := io.Writer(stdin)
+	defer p.stdin.Close()
+	defer stopVMM(cmd, vmm, p.exited)
+	start, exited, pid := p.start, p.exited, cmd.Process.Pid
+	input := io.Writer(p.stdin)
 	if fifoIn != nil {
 		input = fifoIn
 	}
-	cmd.WaitDelay = 5 * time.Second
-	start := time.Now()
-	serial.setStart(start)
-	con.setStart(start)
-	if err := cmd.Start(); err != nil {
-		s.Err = fmt.Sprintf("starting %s: %v", argv[0], err)
-		return s
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	defer stopVMM(cmd, vmm, exited)
-	pid := cmd.Process.Pid
 	fail := func(format string, a ...any) Sample {
 		s.Err = fmt.Sprintf(format, a...) + fmt.Sprintf(" after %v; console tail: %q; stderr tail: %q",
 			time.Since(start).Round(time.Millisecond), tail(serial.textOutside(), 400), tail(stderr.textOutside(), 300))

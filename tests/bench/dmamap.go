@@ -597,21 +597,13 @@ func runDMAMap(ctx context.Context, cfg Config, t *mapTracer, vmm, page string, 
 	}
 	stdout, stderr := newWatch(ready), newWatch(ready)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
-	stdin, err := cmd.StdinPipe()
+	p, err := startVMM(cmd, nil)
 	if err != nil {
 		s.Err = err.Error()
 		return s
 	}
-	defer stdin.Close()
-	cmd.WaitDelay = 5 * time.Second
-	begin := time.Now()
-	if err := cmd.Start(); err != nil {
-		s.Err = fmt.Sprintf("starting %s: %v", argv[0], err)
-		return s
-	}
-	exited := make(chan struct{})
-	var waitErr error
-	go func() { waitErr = cmd.Wait(); close(exited) }()
+	defer p.stdin.Close()
+	stdin, begin, exited := p.stdin, p.start, p.exited
 	readyOn := stderr
 	if vmm == vmmQEMU {
 		// Queued before QEMU is ready; read once its main loop runs.
@@ -622,7 +614,7 @@ func runDMAMap(ctx context.Context, cfg Config, t *mapTracer, vmm, page string, 
 	select {
 	case <-readyOn.hit:
 	case <-exited:
-		why = fmt.Sprintf("exited before its guest RAM was mapped (%v)", waitErr)
+		why = fmt.Sprintf("exited before its guest RAM was mapped (%v)", p.waitErr)
 	case <-ctx.Done():
 		why = fmt.Sprintf("not ready within %v", timeout)
 	}

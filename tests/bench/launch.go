@@ -110,27 +110,13 @@ func runLaunch(ctx context.Context, cfg Config, vmm string, rep int) Sample {
 	stdout := newWatch(initMarker)
 	stderr := newWatch("first KVM_RUN")
 	cmd.Stdout, cmd.Stderr = stdout, stderr
-	// A pipe kept open as stdin: no VMM sees console EOF mid-boot.
-	stdin, err := cmd.StdinPipe()
+	p, err := startVMM(cmd, func(t time.Time) { stdout.start, stderr.start = t, t })
 	if err != nil {
-		s.Err = fmt.Sprintf("stdin pipe: %v", err)
+		s.Err = err.Error()
 		return s
 	}
-	defer stdin.Close()
-	cmd.WaitDelay = 5 * time.Second
-	start := time.Now()
-	stdout.start, stderr.start = start, start
-	if err := cmd.Start(); err != nil {
-		s.Err = fmt.Sprintf("starting %s: %v", argv[0], err)
-		return s
-	}
-	exited := make(chan struct{})
-	var waitErr error
-	go func() {
-		waitErr = cmd.Wait()
-		close(exited)
-	}()
-	pid := cmd.Process.Pid
+	defer p.stdin.Close()
+	start, exited, pid := p.start, p.exited, cmd.Process.Pid
 
 	reached, why := waitMarker(ctx, cfg, stdout, exited)
 	if reached {
@@ -195,8 +181,8 @@ func runLaunch(ctx context.Context, cfg Config, vmm string, rep int) Sample {
 	if !reached {
 		if why == "" {
 			status := "exit status 0: the guest reset itself, by a panic with panic=-1 or a triple fault"
-			if waitErr != nil {
-				status = waitErr.Error()
+			if p.waitErr != nil {
+				status = p.waitErr.Error()
 			}
 			why = fmt.Sprintf("exited before the guest's init marker (%s)", status)
 		}
@@ -234,6 +220,36 @@ func waitMarker(ctx context.Context, cfg Config, stdout *watch, exited <-chan st
 			}
 		}
 	}
+}
+
+// vmmProcess is the VMM of one run, started by startVMM.
+type vmmProcess struct {
+	stdin   io.WriteCloser // kept open: no VMM sees console EOF mid-boot
+	start   time.Time      // taken just before the fork
+	exited  chan struct{}  // closed once the VMM has exited
+	waitErr error          // cmd.Wait's result; read it only after exited is closed
+}
+
+// startVMM starts cmd with a stdin pipe and a goroutine that reaps it.
+// atStart, if not nil, gets the start time before the fork: the output
+// watches time their markers from it.
+func startVMM(cmd *exec.Cmd, atStart func(time.Time)) (*vmmProcess, error) {
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, fmt.Errorf("stdin pipe: %w", err)
+	}
+	// Don't hang on output pipes a VMM's child inherited.
+	cmd.WaitDelay = 5 * time.Second
+	p := &vmmProcess{stdin: stdin, start: time.Now(), exited: make(chan struct{})}
+	if atStart != nil {
+		atStart(p.start)
+	}
+	if err := cmd.Start(); err != nil {
+		stdin.Close()
+		return nil, fmt.Errorf("starting %s: %w", cmd.Path, err)
+	}
+	go func() { p.waitErr = cmd.Wait(); close(p.exited) }()
+	return p, nil
 }
 
 // stopVMM ends a VMM that reached its marker (or hung). hpcvmm and QEMU get

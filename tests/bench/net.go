@@ -86,23 +86,14 @@ func runNet(ctx context.Context, cfg Config, vmm, vhost string, rep int, payload
 	stdout := newWatch("HPCVMM-GUEST-MARKER done")
 	stderr := newWatch("first KVM_RUN")
 	cmd.Stdout, cmd.Stderr = stdout, stderr
-	stdin, err := cmd.StdinPipe()
+	p, err := startVMM(cmd, func(t time.Time) { stdout.start, stderr.start = t, t })
 	if err != nil {
 		s.Err = err.Error()
 		return s
 	}
-	defer stdin.Close()
-	cmd.WaitDelay = 5 * time.Second
-	start := time.Now()
-	stdout.start, stderr.start = start, start
-	if err := cmd.Start(); err != nil {
-		s.Err = fmt.Sprintf("starting %s: %v", argv[0], err)
-		return s
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	defer stopVMM(cmd, vmm, exited)
-	pid := cmd.Process.Pid
+	defer p.stdin.Close()
+	defer stopVMM(cmd, vmm, p.exited)
+	exited, pid := p.exited, cmd.Process.Pid
 	ctx, cancel := context.WithTimeout(ctx, cfg.NetTimeout)
 	defer cancel()
 
