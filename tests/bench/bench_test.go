@@ -294,3 +294,19 @@ func TestRunsPerCaseNamesEveryCase(t *testing.T) {
 	assert.Equal(t, "runs per VMM: launch 3, virtio-net 2, virtio-console 2, prefault 2 in L1 (3 on the host), DMA map 2 (1 on 4 KiB pages)", runsPerCase(cfg))
 	assert.Equal(t, "runs per VMM: launch 5", runsPerCase(Config{Reps: 5}), "an older report without the other cases")
 }
+
+func TestFitReservesShrinksEvenlyOnlyWhenShort(t *testing.T) {
+	a, b := 100*time.Second, 300*time.Second
+	assert.Equal(t, 1.0, fitReserves(600*time.Second, &a, &b), "400 s fit in four fifths of 600 s")
+	assert.Equal(t, 100*time.Second, a)
+
+	// The second L1 boot of 2026-11-24 02:29: 288 s left, 400 s of shares.
+	pre, con, dma, last := 70*time.Second, 90*time.Second, 180*time.Second, 60*time.Second
+	f := fitReserves(288*time.Second, &pre, &con, &dma, &last)
+	assert.InDelta(t, 0.576, f, 0.001)
+	assert.InDelta(t, (288 * time.Second * 4 / 5).Seconds(), (pre + con + dma + last).Seconds(), 0.01)
+	assert.InDelta(t, 103.7, dma.Seconds(), 0.1)
+
+	none := 0 * time.Second
+	assert.Equal(t, 1.0, fitReserves(-time.Second, &none), "nothing kept, nothing to shrink")
+}

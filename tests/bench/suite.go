@@ -92,11 +92,15 @@ func runSuite(ctx context.Context, cfg Config, out sink) {
 	if cfg.wants(caseDMAMap) && cfg.DMA == "" {
 		dmaReserve = time.Duration(cfg.DMAMap.Sec) * time.Second
 	}
-	lastReserve := time.Duration(cfg.LastSec)*time.Second + dmaReserve
 	var consoleReserve time.Duration
 	if cfg.wants(caseConsole) {
 		consoleReserve = time.Duration(cfg.ConsoleSec) * time.Second
 	}
+	lastOnly := time.Duration(cfg.LastSec) * time.Second
+	if kept := fitReserves(time.Until(deadline), &prefaultReserve, &netReserve, &dmaReserve, &consoleReserve, &lastOnly); kept < 1 {
+		out.note(fmt.Sprintf("time budget %v: each later case keeps %.0f%% of its usual share", time.Until(deadline).Round(time.Second), 100*kept))
+	}
+	lastReserve := lastOnly + dmaReserve
 	canBoot := cfg.Where == whereL1 || kvmUsable()
 	// VMMs in Last run after everything else: in the test bed a stuck
 	// gokvm guest once took all of L1 down with it, and nothing measured
@@ -144,6 +148,29 @@ func runSuite(ctx context.Context, cfg Config, out sink) {
 	}
 	e := Env{"load_end": loadavg(), "suite_duration": time.Since(start).Round(time.Second).String()}
 	out.env(e)
+}
+
+// fitReserves shrinks the times kept for the later cases, all by the same
+// factor, when together they would take more than four fifths of budget
+// (an L1 boot that continues after a hung one has less time than the
+// first), and returns the factor. Time a case does not use passes on to
+// the cases after it, so a case that needs less than its share (or has
+// nothing left to run) costs the others nothing; shrinking the shares
+// evenly keeps every case some time instead of starving the earlier ones.
+func fitReserves(budget time.Duration, reserves ...*time.Duration) float64 {
+	var sum time.Duration
+	for _, r := range reserves {
+		sum += *r
+	}
+	limit := budget * 4 / 5
+	if sum <= limit || sum <= 0 {
+		return 1
+	}
+	f := float64(max(limit, 0)) / float64(sum)
+	for _, r := range reserves {
+		*r = time.Duration(float64(*r) * f)
+	}
+	return f
 }
 
 // splitVMMs separates the VMMs named in last from the others, keeping
@@ -290,6 +317,11 @@ func runPrefaults(ctx context.Context, cfg Config, out sink) {
 					out.sample(runHPCVMMPrefault(cfg.Where, spec, w, rep))
 				}
 				if cfg.QEMU != "" && !cfg.done(c, vmmQEMU, rep) {
+					if ctx.Err() != nil {
+						// Not a failure of QEMU's: its run never started.
+						out.note(fmt.Sprintf("prefault %s workers=%d (%s): QEMU's run %d not started: time budget", spec.Page, w, cfg.Where, rep))
+						return
+					}
 					out.sample(runQEMUPrefault(ctx, cfg.Where, cfg.QEMU, cfg.QEMUAccel, spec, w, rep))
 				}
 			}
