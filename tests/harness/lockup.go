@@ -1,8 +1,6 @@
 package harness
 
 import (
-	"io"
-	"os"
 	"regexp"
 	"strconv"
 	"time"
@@ -24,42 +22,31 @@ func longestSoftLockup(b []byte) time.Duration {
 	return longest
 }
 
-// watchSoftLockup calls kill and returns true when L1's console at path
-// reports a soft lockup of at least limit, or returns false when stop is
-// closed first. Nested KVM under TCG sometimes freezes L1 for good with
-// every CPU in a soft lockup; the kernel says so on the console long
-// before a silent result port would, and a lockup of a minute or more
+// watchSoftLockup follows L1's console at path until stop is closed and
+// calls kill once a soft-lockup report of at least limit appears; it
+// reports whether it did. Nested KVM under TCG sometimes freezes L1 for
+// good with every CPU in a soft lockup; the kernel says so on the console
+// long before a silent result port would, and a lockup of a minute or more
 // does not end while the host is otherwise usable.
 func watchSoftLockup(path string, limit time.Duration, stop <-chan struct{}, kill func()) bool {
-	tick := time.NewTicker(2 * time.Second)
-	defer tick.Stop()
-	var offset int64
-	var carry []byte // the unterminated end of the last read, so no report is cut in two
-	buf := make([]byte, 64<<10)
-	for {
-		select {
-		case <-stop:
-			return false
-		case <-tick.C:
-		}
-		f, err := os.Open(path)
-		if err != nil {
-			continue
-		}
-		for {
-			n, err := f.ReadAt(buf, offset)
-			offset += int64(n)
-			chunk := append(carry, buf[:n]...)
-			if longestSoftLockup(chunk) >= limit {
-				f.Close()
-				kill()
-				return true
-			}
-			carry = append(carry[:0], chunk[max(0, len(chunk)-128):]...)
-			if err == io.EOF || n == 0 || err != nil {
-				break
-			}
-		}
-		f.Close()
+	w := &lockupWatch{limit: limit, kill: kill}
+	followFile(path, w, stop)
+	return w.fired
+}
+
+// lockupWatch receives the console line by line from followFile (one
+// goroutine, so fired needs no lock) and calls kill at the first report
+// of a soft lockup of limit or more.
+type lockupWatch struct {
+	limit time.Duration
+	kill  func()
+	fired bool
+}
+
+func (w *lockupWatch) Write(line []byte) (int, error) {
+	if !w.fired && longestSoftLockup(line) >= w.limit {
+		w.fired = true
+		w.kill()
 	}
+	return len(line), nil
 }

@@ -109,7 +109,8 @@ func TestWatchSoftLockupKillsAtTheLimit(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte("watchdog: BUG: soft lockup - CPU#1 stuck for 22s! [kthreadd:2]\n"), 0o644))
 	killed := make(chan struct{})
 	done := make(chan bool, 1)
-	go func() { done <- watchSoftLockup(path, time.Minute, nil, func() { close(killed) }) }()
+	stopFollow := make(chan struct{})
+	go func() { done <- watchSoftLockup(path, time.Minute, stopFollow, func() { close(killed) }) }()
 	time.Sleep(2500 * time.Millisecond)
 	select {
 	case <-killed:
@@ -129,6 +130,7 @@ func TestWatchSoftLockupKillsAtTheLimit(t *testing.T) {
 	case <-time.After(6 * time.Second):
 		t.Fatal("not killed after a 75 s lockup")
 	}
+	close(stopFollow) // as RunL1Program does once QEMU has exited
 	assert.True(t, <-done)
 
 	stop := make(chan struct{})
