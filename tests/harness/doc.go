@@ -29,6 +29,12 @@
 // back on L1's second serial port and are parsed on the outer side; the first
 // serial port carries the human-readable `go test -v` output.
 //
+// An L1 that writes nothing to either port for HPCVMM_L1_STALL is killed
+// (its CPU registers saved from the QEMU monitor) and booted once more for
+// the scenarios that had no outcome yet; a scenario run in that second boot
+// says so in its log, and one that hangs L1 again fails. The emulated L1
+// itself hangs now and then (QEMU 7.2 TCG loses its timer wakeup).
+//
 // Environment variables:
 //
 //   - HPCVMM_TEST_WHERE: auto | host | l1 | inside (see above).
@@ -39,6 +45,8 @@
 //     that has modules in /lib/modules).
 //   - HPCVMM_L1_TIMEOUT: limit for one L1 boot (Go duration, default 15m,
 //     capped by the go test deadline).
+//   - HPCVMM_L1_STALL: how long L1 may be silent before it counts as hung
+//     (Go duration, default 8m).
 //   - HPCVMM_L1_SMP: L1 vCPU count, overriding the profile's.
 //   - HPCVMM_VM_TIMEOUT: limit for one hpcvmm process started by Env.StartVM
 //     (default 4m).

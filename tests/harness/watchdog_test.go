@@ -36,3 +36,29 @@ func TestWatchProgressFiresOnlyWhenNothingGrows(t *testing.T) {
 		assert.Fail(t, "watchdog did not fire after output stopped")
 	}
 }
+
+func TestRetrySkipRerunsOnlyWhatAStalledBootLeftOpen(t *testing.T) {
+	res := &Results{Tests: map[string]*TestResult{
+		"TestBootStockKernel":                   {Status: StatusPass},
+		"TestCheckPassthrough":                  {Status: StatusSkip}, // another profile's
+		"TestNetworkPingAndTransfer":            {Status: StatusRun},  // the one L1 hung in
+		"TestNetworkPingAndTransfer/vhost=on":   {Status: StatusRun},
+		"TestConsoleRoundTrip":                  {Status: StatusFail},
+		"TestGuestRAMOnHugepagesAndPinnedVCPUs": {Status: ""}, // values only
+	}}
+	stalled := &l1Run{stalled: true, results: res}
+	skip, ok := retrySkip(stalled, "")
+	assert.True(t, ok)
+	assert.Equal(t, "^(TestBootStockKernel|TestCheckPassthrough|TestConsoleRoundTrip)$", skip)
+
+	skip, ok = retrySkip(stalled, "TestSlow")
+	assert.True(t, ok)
+	assert.Equal(t, "(?:TestSlow)|^(TestBootStockKernel|TestCheckPassthrough|TestConsoleRoundTrip)$", skip)
+
+	_, ok = retrySkip(stalled, "TestX/sub")
+	assert.False(t, ok, "a per-level skip pattern cannot be joined")
+	_, ok = retrySkip(&l1Run{results: res}, "")
+	assert.False(t, ok, "a boot that did not stall is not retried")
+	_, ok = retrySkip(&l1Run{stalled: true, results: res, earlier: stalled}, "")
+	assert.False(t, ok, "only one retry")
+}
