@@ -6,7 +6,7 @@ import (
 )
 
 // fakeMem is guest RAM [0, len(ram)) backed by one byte slice, with the same
-// bounds checking contract as vmm/guestmem.Memory.
+// bounds checking contract as guestmem.Memory.
 type fakeMem struct{ ram []byte }
 
 func newFakeMem(size uint64) *fakeMem { return &fakeMem{ram: make([]byte, size)} }

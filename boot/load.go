@@ -81,7 +81,7 @@ const (
 
 // Memory is bounds-checked guest-physical access: Slice returns the n bytes
 // at gpa, or an error when any of them is not guest RAM.
-// vmm/guestmem.Memory implements it.
+// guestmem.Memory implements it.
 type Memory interface {
 	Slice(gpa, n uint64) ([]byte, error)
 }

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/hpcvmm/hpcvmm/vmm/guestmem"
+	"github.com/hpcvmm/hpcvmm/guestmem"
 )
 
 // BenchmarkMapGuestRAM measures DMA-mapping guest RAM of 1, 2 and 4 GiB

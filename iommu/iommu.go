@@ -12,8 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/uapi"
-	"github.com/hpcvmm/hpcvmm/vmm/guestmem"
 )
 
 // Backend is the DMA-mapping interface of a container. *uapi.VFIOContainer

@@ -8,8 +8,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/uapi"
-	"github.com/hpcvmm/hpcvmm/vmm/guestmem"
 )
 
 type call struct {

@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/tests/harness"
-	"github.com/hpcvmm/hpcvmm/vmm/host"
 )
 
 // TestGuestRAMOnHugepagesAndPinnedVCPUs boots a guest on 1 GiB hugepages

@@ -8,10 +8,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hpcvmm/hpcvmm/bus"
+	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/irq"
+	"github.com/hpcvmm/hpcvmm/pci"
+	"github.com/hpcvmm/hpcvmm/pci/msix"
 	"github.com/hpcvmm/hpcvmm/uapi"
-	"github.com/hpcvmm/hpcvmm/vmm/bus"
-	"github.com/hpcvmm/hpcvmm/vmm/host"
-	"github.com/hpcvmm/hpcvmm/vmm/pci"
 )
 
 // DeviceFile is the VFIO device fd as the passthrough model uses it.
@@ -62,7 +64,7 @@ type Config struct {
 	Name string
 	// Router routes MSI and MSI-X vectors (required when the device has
 	// either).
-	Router pci.InterruptRouter
+	Router irq.Router
 	// INTx, when non-nil, wires the device's INTx pin to INTxGSI with a
 	// resampling irqfd; nil hides the pin from the guest.
 	INTx    INTxRouter
@@ -109,7 +111,7 @@ type barState struct {
 	msixAccesses, otherAccesses uint64
 }
 
-// PCIDevice is a passed-through PCI function as a vmm/pci endpoint.
+// PCIDevice is a passed-through PCI function as a pci endpoint.
 type PCIDevice struct {
 	mu       sync.Mutex
 	dev      DeviceFile
@@ -265,7 +267,7 @@ func (p *PCIDevice) isMSIX(b *barState, offset uint64, n int) bool {
 	if m.tableBAR == b.index && m.inTable(offset, n) {
 		return true
 	}
-	return m.pbaBAR == b.index && offset < m.pbaOff+pci.PBASize(m.n) && offset+uint64(n) > m.pbaOff
+	return m.pbaBAR == b.index && offset < m.pbaOff+msix.PBASize(m.n) && offset+uint64(n) > m.pbaOff
 }
 
 func (p *PCIDevice) countTrap(b *barState, offset uint64, n int) {
@@ -333,10 +335,10 @@ func (p *PCIDevice) trapRanges(i int) [][2]uint64 {
 		out = append(out, [2]uint64{lo, hi})
 	}
 	if m.tableBAR == i {
-		add(m.tableOff, uint64(m.n)*pci.MSIXEntrySize)
+		add(m.tableOff, uint64(m.n)*msix.EntrySize)
 	}
 	if m.pbaBAR == i {
-		add(m.pbaOff, pci.PBASize(m.n))
+		add(m.pbaOff, msix.PBASize(m.n))
 	}
 	return out
 }
@@ -505,7 +507,7 @@ func (h barHandler) Write(offset uint64, data []byte) {
 		m.write(p, offset-m.tableOff, data)
 		return
 	}
-	if m := p.msix; m != nil && m.pbaBAR == h.b.index && offset < m.pbaOff+pci.PBASize(m.n) && offset+uint64(len(data)) > m.pbaOff {
+	if m := p.msix; m != nil && m.pbaBAR == h.b.index && offset < m.pbaOff+msix.PBASize(m.n) && offset+uint64(len(data)) > m.pbaOff {
 		return // the PBA is read-only
 	}
 	if offset >= h.b.region.Size || uint64(len(data)) > h.b.region.Size-offset || h.b.region.Flags&uapi.VFIORegionInfoFlagWrite == 0 {

@@ -2,7 +2,7 @@
 // host-side checks (IOMMU group viability, SR-IOV VF → PF), opening the
 // device from its group in the VM's shared iommu.Container, the KVM-VFIO
 // pseudo device, and the passthrough device model (PCIDevice) that plugs
-// into vmm/pci's root complex.
+// into package pci's root complex.
 //
 // The model virtualises configuration space over the device's real one: the
 // identity registers, BARs (sized from VFIO region info), the ROM BAR
@@ -13,7 +13,7 @@
 // exits; only the pages holding the MSI-X table and PBA stay trapped, where
 // table accesses are emulated and everything else is forwarded with
 // pread/pwrite. Interrupts never pass through hpcvmm: MSI-X and MSI vectors
-// are VFIO eventfds bound to KVM GSIs with irqfds (pci.IRQFDs, which
+// are VFIO eventfds bound to KVM GSIs with irqfds (irq.Vectors, which
 // deassigns before re-routing on mask and routes before assigning on
 // unmask), and INTx is a VFIO trigger eventfd bound with a resampling irqfd
 // whose resample eventfd is VFIO's unmask eventfd.

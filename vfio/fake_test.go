@@ -12,10 +12,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/hpcvmm/hpcvmm/addrspace"
+	"github.com/hpcvmm/hpcvmm/bus"
+	"github.com/hpcvmm/hpcvmm/irq/irqtest"
+	"github.com/hpcvmm/hpcvmm/pci"
+	"github.com/hpcvmm/hpcvmm/pci/pcitest"
 	"github.com/hpcvmm/hpcvmm/uapi"
-	"github.com/hpcvmm/hpcvmm/vmm/bus"
-	"github.com/hpcvmm/hpcvmm/vmm/pci"
-	"github.com/hpcvmm/hpcvmm/vmm/pci/pcitest"
 )
 
 // regionShift places region i at fd offset i<<40, as vfio-pci does.
@@ -280,7 +282,7 @@ func (x *fakeINTx) DeassignIRQFD(fd int, gsi uint32) error {
 	return nil
 }
 
-const h100Config = "../../shared/fixtures/gpu-host-sysfs/0000:00:06.0/config"
+const h100Config = "../testdata/gpu-host-sysfs/0000:00:06.0/config"
 
 // h100 returns a fake VFIO device with the H100 capture's configuration
 // space and BARs: BAR0 16 MiB, BAR2 128 GiB, BAR4 32 MiB (64-bit each),
@@ -288,7 +290,7 @@ const h100Config = "../../shared/fixtures/gpu-host-sysfs/0000:00:06.0/config"
 func h100(t testing.TB, msixMappable bool) *fakeDev {
 	cfg, err := os.ReadFile(h100Config)
 	if err != nil {
-		t.Skipf("H100 fixture missing: %v", err)
+		t.Fatalf("H100 fixture missing (it is part of the module, under testdata/): %v", err)
 	}
 	f := newFakeDev(cfg)
 	r0 := f.addBAR(0, 16<<20, true, true)
@@ -313,7 +315,7 @@ type rig struct {
 	conf   pcitest.Conf1
 	dev    *PCIDevice
 	fake   *fakeDev
-	router *pcitest.Router
+	router *irqtest.Router
 	slots  *fakeSlots
 	p2p    *fakeP2P
 	intx   *fakeINTx
@@ -324,7 +326,7 @@ const testSlot = 4
 
 // newBareRig returns the root complex and the fake VM services, no device.
 func newBareRig(t testing.TB) *rig {
-	r := &rig{router: pcitest.NewRouter(), slots: newFakeSlots(), p2p: &fakeP2P{maps: map[uint64]uint64{}}, intx: &fakeINTx{}}
+	r := &rig{router: irqtest.NewRouter(), slots: newFakeSlots(), p2p: &fakeP2P{maps: map[uint64]uint64{}}, intx: &fakeINTx{}}
 	r.mmio = &bus.Bus{}
 	pio := &bus.Bus{}
 	r.root = pci.NewRoot(pci.RootConfig{MMIO: r.mmio, PIO: pio})
@@ -352,15 +354,9 @@ func newRig(t testing.TB, f *fakeDev, mod func(*Config)) *rig {
 }
 
 func (r *rig) assign(t testing.TB) {
-	m32, err := pci.NewAllocator("mmio32", pci.Window32Base, pci.Window32Size, false)
+	w, err := addrspace.NewWindows(5<<30, 46) // RAM ends at 6 GiB: the 64-bit window starts at 6 GiB
 	require.NoError(t, err)
-	base, size, err := pci.Window64(8<<30, 46)
-	require.NoError(t, err)
-	m64, err := pci.NewAllocator("mmio64", base, size, false)
-	require.NoError(t, err)
-	io, err := pci.NewAllocator("io", pci.IOWindowBase, pci.IOWindowSize, true)
-	require.NoError(t, err)
-	require.NoError(t, r.root.AssignBARs(m32, m64, io))
+	require.NoError(t, r.root.AssignBARs(w))
 }
 
 func (r *rig) cfgRead(off, n int) uint32     { return r.conf.Read(testSlot, 0, off, n) }

@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"testing"
 
-	"github.com/hpcvmm/hpcvmm/vmm/pci"
+	"github.com/hpcvmm/hpcvmm/pci"
 )
 
 // FuzzPassthroughConfigWrite drives the passthrough model over the H100

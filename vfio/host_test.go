@@ -7,9 +7,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/host/hosttest"
 	"github.com/hpcvmm/hpcvmm/uapi"
-	"github.com/hpcvmm/hpcvmm/vmm/host"
-	"github.com/hpcvmm/hpcvmm/vmm/host/hosttest"
 )
 
 func TestParseSpec(t *testing.T) {
@@ -97,7 +97,7 @@ func TestCheckDeviceIOMMUOff(t *testing.T) {
 	assert.ErrorContains(t, err, "intel_iommu=on")
 
 	// The real H100 capture has no IOMMU groups either.
-	h := host.New("../../shared/fixtures/gpu-host-sysfs", "/nonexistent")
+	h := host.New("../testdata/gpu-host-sysfs", "/nonexistent")
 	_, _, err = CheckDevice(h, spec(t, "00:06.0", false), true)
 	assert.ErrorContains(t, err, "IOMMU is disabled")
 }

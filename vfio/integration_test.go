@@ -11,12 +11,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hpcvmm/hpcvmm/guestmem"
+	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/hoststate"
 	"github.com/hpcvmm/hpcvmm/iommu"
+	"github.com/hpcvmm/hpcvmm/irq"
+	"github.com/hpcvmm/hpcvmm/pci"
 	"github.com/hpcvmm/hpcvmm/uapi"
-	"github.com/hpcvmm/hpcvmm/vmm/guestmem"
-	"github.com/hpcvmm/hpcvmm/vmm/host"
-	"github.com/hpcvmm/hpcvmm/vmm/hoststate"
-	"github.com/hpcvmm/hpcvmm/vmm/pci"
 )
 
 // edu registers (QEMU docs/specs/edu.txt).
@@ -36,7 +37,7 @@ func waitEventFD(t *testing.T, fd int, what string) {
 	var buf [8]byte
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		if pci.DrainEventFD(fd, buf[:]) {
+		if irq.DrainEventFD(fd, buf[:]) {
 			return
 		}
 		time.Sleep(time.Millisecond)

@@ -6,8 +6,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hpcvmm/hpcvmm/irq"
+	"github.com/hpcvmm/hpcvmm/pci"
 	"github.com/hpcvmm/hpcvmm/uapi"
-	"github.com/hpcvmm/hpcvmm/vmm/pci"
 )
 
 // intxState wires INTx: VFIO signals trigger when the device asserts its
@@ -29,7 +30,7 @@ func (p *PCIDevice) setupInterrupts() error {
 		return fmt.Errorf("vfio: %s: the device has MSI/MSI-X but no interrupt router was given", p.cfg.Name)
 	}
 	if m := p.msix; m != nil {
-		t, err := pci.NewIRQFDs(p.cfg.Router, m.n, p.cfg.OnError)
+		t, err := irq.NewVectors(p.cfg.Router, m.n, p.cfg.OnError)
 		if err != nil {
 			return fmt.Errorf("vfio: %s: MSI-X: %w", p.cfg.Name, err)
 		}
@@ -40,7 +41,7 @@ func (p *PCIDevice) setupInterrupts() error {
 		}
 	}
 	if m := p.msi; m != nil {
-		t, err := pci.NewIRQFDs(p.cfg.Router, m.max, p.cfg.OnError)
+		t, err := irq.NewVectors(p.cfg.Router, m.max, p.cfg.OnError)
 		if err != nil {
 			return fmt.Errorf("vfio: %s: MSI: %w", p.cfg.Name, err)
 		}
@@ -56,10 +57,10 @@ func (p *PCIDevice) setupInterrupts() error {
 	x := &intxState{trigger: -1, resample: -1, gsi: p.cfg.INTxGSI, router: p.cfg.INTx}
 	p.intx = x
 	var err error
-	if x.trigger, err = pci.NewEventFD(); err != nil {
+	if x.trigger, err = irq.NewEventFD(); err != nil {
 		return fmt.Errorf("vfio: %s: INTx: %w", p.cfg.Name, err)
 	}
-	if x.resample, err = pci.NewEventFD(); err != nil {
+	if x.resample, err = irq.NewEventFD(); err != nil {
 		return fmt.Errorf("vfio: %s: INTx: %w", p.cfg.Name, err)
 	}
 	// The irqfd goes first so no assertion is signalled before KVM listens.

@@ -4,9 +4,9 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/iommu"
 	"github.com/hpcvmm/hpcvmm/uapi"
-	"github.com/hpcvmm/hpcvmm/vmm/host"
 )
 
 // KVMDevices is the part of *uapi.VM the KVM-VFIO device needs.

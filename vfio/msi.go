@@ -3,8 +3,10 @@ package vfio
 import (
 	"fmt"
 
+	"github.com/hpcvmm/hpcvmm/irq"
+	"github.com/hpcvmm/hpcvmm/pci"
+	"github.com/hpcvmm/hpcvmm/pci/msix"
 	"github.com/hpcvmm/hpcvmm/uapi"
-	"github.com/hpcvmm/hpcvmm/vmm/pci"
 )
 
 // MSI capability Message Control bits (PCI Local Bus 3.0 §6.8.1).
@@ -33,10 +35,10 @@ type msiState struct {
 	is64, pvm  bool
 	max        int // vectors the capability advertises (and VFIO offers)
 	on         int // vectors enabled in VFIO, 0 = off
-	irqfds     *pci.IRQFDs
-	target     pci.MSIXTarget
+	irqfds     *irq.Vectors
+	target     msix.Target
 	fds        []int32
-	reported   []pci.MSIMessage
+	reported   []irq.MSIMessage
 	invalidRep bool
 }
 
@@ -73,7 +75,7 @@ func (p *PCIDevice) newMSI(phys []byte, off int) (*msiState, error) {
 	if off+m.len > pci.LegacyConfigSize {
 		return nil, fmt.Errorf("vfio: %s: MSI capability at %#x runs past the standard config space", p.cfg.Name, off)
 	}
-	m.reported = make([]pci.MSIMessage, m.max)
+	m.reported = make([]irq.MSIMessage, m.max)
 	for i := range m.reported {
 		m.reported[i].Masked = true
 	}
@@ -140,7 +142,7 @@ func (m *msiState) update(p *PCIDevice) {
 	}
 	m.invalidRep = bad
 	for i := 0; i < m.max; i++ {
-		msg := pci.MSIMessage{
+		msg := irq.MSIMessage{
 			Addr:   addr,
 			Data:   data&^uint32(n-1) | uint32(i),
 			Masked: !en || i >= m.on || mask&(1<<i) != 0 || !valid,

@@ -4,8 +4,10 @@ import (
 	"encoding/binary"
 	"fmt"
 
+	"github.com/hpcvmm/hpcvmm/irq"
+	"github.com/hpcvmm/hpcvmm/pci"
+	"github.com/hpcvmm/hpcvmm/pci/msix"
 	"github.com/hpcvmm/hpcvmm/uapi"
-	"github.com/hpcvmm/hpcvmm/vmm/pci"
 )
 
 // MSI-X capability registers and table layout (PCI Local Bus 3.0 §6.8.2).
@@ -19,19 +21,19 @@ type msixEntry struct{ addrLo, addrHi, data, ctrl uint32 }
 
 // msixState emulates the MSI-X capability and vector table. The host
 // kernel owns the device's real table; guest vectors become VFIO eventfds
-// bound to KVM GSIs through target (a *pci.IRQFDs).
+// bound to KVM GSIs through target (a *irq.Vectors).
 type msixState struct {
 	cap              int
 	n                int
 	tableBAR, pbaBAR int
 	tableOff, pbaOff uint64
 	entries          []msixEntry
-	reported         []pci.MSIMessage
+	reported         []irq.MSIMessage
 	invalid          []bool // an unmasked vector has an address KVM cannot route; reported once
 	enabled, fmask   bool
 	vfioOn           bool
-	irqfds           *pci.IRQFDs
-	target           pci.MSIXTarget
+	irqfds           *irq.Vectors
+	target           msix.Target
 	fds              []int32
 	vfioCount        uint32
 }
@@ -65,14 +67,14 @@ func (p *PCIDevice) newMSIX(phys []byte, off int) (*msixState, error) {
 		}
 		return nil
 	}
-	if err := check("table", m.tableBAR, m.tableOff, uint64(m.n)*pci.MSIXEntrySize); err != nil {
+	if err := check("table", m.tableBAR, m.tableOff, uint64(m.n)*msix.EntrySize); err != nil {
 		return nil, err
 	}
-	if err := check("PBA", m.pbaBAR, m.pbaOff, pci.PBASize(m.n)); err != nil {
+	if err := check("PBA", m.pbaBAR, m.pbaOff, msix.PBASize(m.n)); err != nil {
 		return nil, err
 	}
 	m.entries = make([]msixEntry, m.n)
-	m.reported = make([]pci.MSIMessage, m.n)
+	m.reported = make([]irq.MSIMessage, m.n)
 	m.invalid = make([]bool, m.n)
 	for i := range m.entries {
 		m.entries[i].ctrl = msixVecMasked
@@ -87,7 +89,7 @@ func (p *PCIDevice) newMSIX(phys []byte, off int) (*msixState, error) {
 
 // inTable reports whether an access at a BAR offset touches the table.
 func (m *msixState) inTable(off uint64, n int) bool {
-	end := m.tableOff + uint64(m.n)*pci.MSIXEntrySize
+	end := m.tableOff + uint64(m.n)*msix.EntrySize
 	return off < end && off+uint64(n) > m.tableOff
 }
 
@@ -96,7 +98,7 @@ func (m *msixState) inTable(off uint64, n int) bool {
 func (m *msixState) read(rel uint64, data []byte) {
 	fill(data, 0)
 	n := uint64(len(data))
-	if (n != 4 && n != 8) || rel%n != 0 || rel+n > uint64(m.n)*pci.MSIXEntrySize {
+	if (n != 4 && n != 8) || rel%n != 0 || rel+n > uint64(m.n)*msix.EntrySize {
 		return
 	}
 	binary.LittleEndian.PutUint32(data, m.dword(rel))
@@ -106,8 +108,8 @@ func (m *msixState) read(rel uint64, data []byte) {
 }
 
 func (m *msixState) dword(rel uint64) uint32 {
-	e := &m.entries[rel/pci.MSIXEntrySize]
-	switch rel % pci.MSIXEntrySize {
+	e := &m.entries[rel/msix.EntrySize]
+	switch rel % msix.EntrySize {
 	case 0:
 		return e.addrLo
 	case 4:
@@ -122,19 +124,19 @@ func (m *msixState) dword(rel uint64) uint32 {
 // table count; reserved bits (address 1:0, vector control 31:1) are dropped.
 func (m *msixState) write(p *PCIDevice, rel uint64, data []byte) {
 	n := uint64(len(data))
-	if (n != 4 && n != 8) || rel%n != 0 || rel+n > uint64(m.n)*pci.MSIXEntrySize {
+	if (n != 4 && n != 8) || rel%n != 0 || rel+n > uint64(m.n)*msix.EntrySize {
 		return
 	}
 	m.setDword(rel, binary.LittleEndian.Uint32(data))
 	if n == 8 {
 		m.setDword(rel+4, binary.LittleEndian.Uint32(data[4:]))
 	}
-	m.reconcile(p, int(rel/pci.MSIXEntrySize))
+	m.reconcile(p, int(rel/msix.EntrySize))
 }
 
 func (m *msixState) setDword(rel uint64, v uint32) {
-	e := &m.entries[rel/pci.MSIXEntrySize]
-	switch rel % pci.MSIXEntrySize {
+	e := &m.entries[rel/msix.EntrySize]
+	switch rel % msix.EntrySize {
 	case 0:
 		e.addrLo = v &^ 3
 	case 4:
@@ -153,7 +155,7 @@ func validMSIAddress(addr uint64) bool { return addr>>20 == 0xfee }
 // reconcile brings vector v's KVM route in line with the table.
 func (m *msixState) reconcile(p *PCIDevice, v int) {
 	e := &m.entries[v]
-	msg := pci.MSIMessage{
+	msg := irq.MSIMessage{
 		Addr:   uint64(e.addrHi)<<32 | uint64(e.addrLo),
 		Data:   e.data,
 		Masked: e.ctrl&msixVecMasked != 0 || m.fmask || !m.enabled || v >= int(m.vfioCount),

@@ -7,9 +7,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/pci"
 	"github.com/hpcvmm/hpcvmm/uapi"
-	"github.com/hpcvmm/hpcvmm/vmm/host"
-	"github.com/hpcvmm/hpcvmm/vmm/pci"
 )
 
 func TestH100ConfigSpaceVirtualised(t *testing.T) {

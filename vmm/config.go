@@ -8,7 +8,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/hpcvmm/hpcvmm/vmm/guestmem"
+	"github.com/hpcvmm/hpcvmm/guestmem"
 )
 
 // NUMANodeAuto asks New to choose the NUMA node: the node of the first

@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/hpcvmm/hpcvmm/platform"
 	"github.com/hpcvmm/hpcvmm/uapi"
-	"github.com/hpcvmm/hpcvmm/vmm/platform"
 )
 
 // BenchmarkExitDispatch runs a real-mode guest that writes the UART's

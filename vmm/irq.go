@@ -17,7 +17,7 @@ const (
 // irqRouter owns the VM's GSI routing table. KVM_SET_GSI_ROUTING replaces
 // the whole table on every call, so every route the VM has — the default
 // PIC/IOAPIC pins and each device's MSI routes — lives here and is sent
-// again on each change. It implements pci.InterruptRouter and pci.Notifier
+// again on each change. It implements irq.Router and irq.Notifier
 // for the device models, which then deliver interrupts by irqfd and take
 // doorbells by ioeventfd without the VMM on the data path. Changes are rare
 // (the guest programming an MSI-X vector), so a mutex is fine.

@@ -3,10 +3,10 @@ package vmm
 import (
 	"fmt"
 
+	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/uapi"
 	virtionet "github.com/hpcvmm/hpcvmm/virtio/net"
 	"github.com/hpcvmm/hpcvmm/virtio/transport"
-	"github.com/hpcvmm/hpcvmm/vmm/host"
 )
 
 // Vhost settings of a NetConfig.

@@ -8,13 +8,12 @@ import (
 	"time"
 
 	"github.com/hpcvmm/hpcvmm/boot"
+	"github.com/hpcvmm/hpcvmm/guestmem"
+	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/hoststate"
 	"github.com/hpcvmm/hpcvmm/iommu"
 	"github.com/hpcvmm/hpcvmm/uapi"
 	"github.com/hpcvmm/hpcvmm/vfio"
-	"github.com/hpcvmm/hpcvmm/vmm/guestmem"
-	"github.com/hpcvmm/hpcvmm/vmm/host"
-	"github.com/hpcvmm/hpcvmm/vmm/hoststate"
-	"github.com/hpcvmm/hpcvmm/vmm/pci"
 )
 
 // PassthroughConfig lists the host PCI devices given to the guest whole,
@@ -282,27 +281,6 @@ func (p p2pLogger) Unmap(iova uint64) error {
 	p.log.Info("DMA unmapping", "kind", iommu.BAR.String(), "name", m.Name, "iova", fmt.Sprintf("%#x", iova), "size", m.Size,
 		"took", time.Since(start).Round(time.Microsecond), "ok", err == nil)
 	return err
-}
-
-// check64BitWindow fails clearly when the passed-through devices' 64-bit
-// BARs cannot fit the guest's 64-bit MMIO window.
-func (vm *VM) check64BitWindow(size uint64, physBits int) error {
-	if vm.pt == nil {
-		return nil
-	}
-	var need uint64
-	for _, pd := range vm.pt.pcidevs {
-		for _, b := range pd.BARs() {
-			if b.Kind == pci.BARMem64 {
-				need += b.Size
-			}
-		}
-	}
-	if need > size {
-		return fmt.Errorf("the devices' 64-bit BARs need %s of guest physical address space above RAM, but %d physical address bits leave %s: use less --memory or a host with more address bits",
-			guestmem.FormatSize(need), physBits, guestmem.FormatSize(size))
-	}
-	return nil
 }
 
 // closePassthrough releases the devices (each reset after use), the

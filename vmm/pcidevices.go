@@ -4,10 +4,24 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/hpcvmm/hpcvmm/addrspace"
+	"github.com/hpcvmm/hpcvmm/pci"
 	"github.com/hpcvmm/hpcvmm/virtio/console"
 	"github.com/hpcvmm/hpcvmm/virtio/transport"
-	"github.com/hpcvmm/hpcvmm/vmm/pci"
 )
+
+// barSpaceError adds the fix to a BAR placement failure, in the words
+// preflight's bar-space checks use for the same layout.
+func barSpaceError(err error, physBits int) error {
+	var pe *addrspace.PlanError
+	if !errors.As(err, &pe) {
+		return err
+	}
+	if pe.BAR.Kind == addrspace.Mem64 {
+		return fmt.Errorf("%w: use less --memory or pass fewer devices (the host CPU's %d-bit physical address width is fixed)", err, physBits)
+	}
+	return fmt.Errorf("%w: pass fewer devices with 32-bit BARs", err)
+}
 
 // PCI slots of hpcvmm's own devices on bus 0 (slot 0 is the host bridge).
 const consoleSlot = 1
@@ -23,7 +37,7 @@ func (vm *VM) addPCI(physBits int) error {
 	if err := vm.pio.Register(pci.ConfigIOPort, pci.ConfigIOSize, "pci conf1", vm.pci.ConfigIO()); err != nil {
 		return err
 	}
-	if err := vm.mmio.Register(pci.ECAMBase, pci.ECAMSize, "pci ecam", vm.pci.ECAM()); err != nil {
+	if err := vm.mmio.Register(addrspace.ECAMBase, pci.ECAMSize, "pci ecam", vm.pci.ECAM()); err != nil {
 		return err
 	}
 	if vm.cfg.Console == ConsoleVirtio {
@@ -53,28 +67,26 @@ func (vm *VM) addPCI(physBits int) error {
 	if err := vm.addPassthroughDevices(); err != nil {
 		return err
 	}
-	m32, err := pci.NewAllocator("32-bit MMIO window", pci.Window32Base, pci.Window32Size, false)
+	w, err := assignBARs(vm.pci, vm.cfg.Memory, physBits)
 	if err != nil {
 		return err
 	}
-	base64, size64, err := pci.Window64(vm.mem.End(), uint(physBits))
+	vm.log.Debug("PCI windows", "mmio32", w.Mem32.String(), "mmio64", w.Mem64.String(), "io", w.IO.String(), "phys_bits", physBits)
+	return nil
+}
+
+// assignBARs places every BAR on root in the windows of a guest with memory
+// bytes of RAM and physBits physical address bits: the same addrspace
+// windows and Plan that preflight's bar-space checks use.
+func assignBARs(root *pci.Root, memory uint64, physBits int) (addrspace.Windows, error) {
+	w, err := addrspace.NewWindows(memory, uint(physBits))
 	if err != nil {
-		return err
+		return w, err
 	}
-	if err := vm.check64BitWindow(size64, physBits); err != nil {
-		return err
+	if err := root.AssignBARs(w); err != nil {
+		return w, barSpaceError(err, physBits)
 	}
-	m64, err := pci.NewAllocator("64-bit MMIO window", base64, size64, false)
-	if err != nil {
-		return err
-	}
-	io, err := pci.NewAllocator("I/O window", pci.IOWindowBase, pci.IOWindowSize, true)
-	if err != nil {
-		return err
-	}
-	vm.log.Debug("PCI windows", "mmio32", fmt.Sprintf("%#x+%#x", uint64(pci.Window32Base), uint64(pci.Window32Size)),
-		"mmio64", fmt.Sprintf("%#x+%#x", base64, size64), "phys_bits", physBits)
-	return vm.pci.AssignBARs(m32, m64, io)
+	return w, nil
 }
 
 // SetConsoleSize tells the guest the console's new size (rows, columns),

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/hpcvmm/hpcvmm/vmm/host"
+	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
 

@@ -30,15 +30,16 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hpcvmm/hpcvmm/addrspace"
 	"github.com/hpcvmm/hpcvmm/boot"
+	"github.com/hpcvmm/hpcvmm/bus"
+	"github.com/hpcvmm/hpcvmm/guestmem"
+	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/pci"
+	"github.com/hpcvmm/hpcvmm/platform"
 	"github.com/hpcvmm/hpcvmm/uapi"
 	"github.com/hpcvmm/hpcvmm/virtio/console"
 	"github.com/hpcvmm/hpcvmm/virtio/transport"
-	"github.com/hpcvmm/hpcvmm/vmm/bus"
-	"github.com/hpcvmm/hpcvmm/vmm/guestmem"
-	"github.com/hpcvmm/hpcvmm/vmm/host"
-	"github.com/hpcvmm/hpcvmm/vmm/pci"
-	"github.com/hpcvmm/hpcvmm/vmm/platform"
 	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
 
@@ -138,7 +139,7 @@ func New(cfg Config) (_ *VM, err error) {
 		}
 	}
 	var ram []boot.RAMRange
-	for _, r := range guestmem.Layout(cfg.Memory) {
+	for _, r := range addrspace.RAM(cfg.Memory) {
 		ram = append(ram, boot.RAMRange{GPA: r.GPA, Size: r.Size})
 	}
 	if err := boot.Check(boot.Params{Kernel: kernel, Cmdline: cfg.Cmdline, RAM: ram, CPUs: cfg.CPUs, MP: vm.mpOptions()}, uint64(len(initrd))); err != nil {

@@ -10,16 +10,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/hpcvmm/hpcvmm/vmm/host/hosttest"
+	"github.com/hpcvmm/hpcvmm/host/hosttest"
 	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
 
-const checkFixture = "../../../shared/fixtures/gpu-host-sysfs"
+const checkFixture = "../../testdata/gpu-host-sysfs"
 
 func needFixture(t *testing.T) {
 	t.Helper()
 	if _, err := os.Stat(checkFixture); err != nil {
-		t.Skipf("real-host capture not available at %s: %v", checkFixture, err)
+		t.Fatalf("real-host capture missing at %s (it is part of the module): %v", checkFixture, err)
 	}
 }
 

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/hoststate"
 	"github.com/hpcvmm/hpcvmm/vmm"
-	"github.com/hpcvmm/hpcvmm/vmm/host"
-	"github.com/hpcvmm/hpcvmm/vmm/hoststate"
 )
 
 // stringList collects a repeatable flag; a comma-separated value is kept

@@ -15,9 +15,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hpcvmm/hpcvmm/guestmem"
+	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/vmm"
-	"github.com/hpcvmm/hpcvmm/vmm/guestmem"
-	"github.com/hpcvmm/hpcvmm/vmm/host"
 )
 
 // runFlags are the flags of `hpcvmm run`, parsed into a vmm.Config.

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hpcvmm/hpcvmm/vmm/guestmem"
+	"github.com/hpcvmm/hpcvmm/guestmem"
 )
 
 // PrefaultSpec is one guest RAM size and page size to prefault with each

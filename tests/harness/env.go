@@ -8,8 +8,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/uapi"
-	"github.com/hpcvmm/hpcvmm/vmm/host"
 )
 
 // Where says where a scenario body runs.

@@ -17,9 +17,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hpcvmm/hpcvmm/irq"
 	"github.com/hpcvmm/hpcvmm/virtio"
 	"github.com/hpcvmm/hpcvmm/virtio/queue"
-	"github.com/hpcvmm/hpcvmm/vmm/pci"
 )
 
 // Console features and layout.
@@ -96,7 +96,7 @@ func New(in io.Reader, out io.Writer, opts Options) (*Console, error) {
 	if s := opts.QueueSize; s > queue.MaxSize || s&(s-1) != 0 {
 		return nil, fmt.Errorf("virtio-console: queue size %d: must be a power of two up to %d", s, queue.MaxSize)
 	}
-	fd, err := pci.NewEventFD()
+	fd, err := irq.NewEventFD()
 	if err != nil {
 		return nil, fmt.Errorf("virtio-console: input eventfd: %w", err)
 	}
@@ -192,7 +192,7 @@ func (c *Console) EventFD() int { return c.eventFD }
 
 // HandleEvent implements virtio.Device.
 func (c *Console) HandleEvent() error {
-	pci.DrainEventFD(c.eventFD, c.drain[:])
+	irq.DrainEventFD(c.eventFD, c.drain[:])
 	return c.fillReceive()
 }
 
@@ -346,7 +346,7 @@ func (c *Console) readLoop() {
 			if c.closed.Load() {
 				return
 			}
-			if err := pci.SignalEventFD(c.eventFD); err != nil && c.opts.OnError != nil {
+			if err := irq.SignalEventFD(c.eventFD); err != nil && c.opts.OnError != nil {
 				c.opts.OnError(fmt.Errorf("virtio-console: signal input: %w", err))
 			}
 			select {

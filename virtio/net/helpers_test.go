@@ -8,10 +8,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/hpcvmm/hpcvmm/irq"
 	"github.com/hpcvmm/hpcvmm/virtio"
 	"github.com/hpcvmm/hpcvmm/virtio/queue"
 	"github.com/hpcvmm/hpcvmm/virtio/queue/queuetest"
-	"github.com/hpcvmm/hpcvmm/vmm/pci"
 )
 
 // sockBackend stands in for a TAP: each pair's fd is one end of a
@@ -86,9 +86,9 @@ func newPairRig(t testing.TB, features uint64, size uint16) *pairRig {
 	require.NoError(t, err)
 	be := newSockBackend(t, 1)
 	r.peer = be.peers[0]
-	k1, err := pci.NewEventFD()
+	k1, err := irq.NewEventFD()
 	require.NoError(t, err)
-	k2, err := pci.NewEventFD()
+	k2, err := irq.NewEventFD()
 	require.NoError(t, err)
 	p, err := newPair(0, rxq, txq, k1, k2, be.fds[0], features, r.irq)
 	require.NoError(t, err)

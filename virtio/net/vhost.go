@@ -11,9 +11,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hpcvmm/hpcvmm/irq"
 	"github.com/hpcvmm/hpcvmm/uapi"
 	"github.com/hpcvmm/hpcvmm/virtio/queue"
-	"github.com/hpcvmm/hpcvmm/vmm/pci"
 )
 
 // vhost-net's vring indices within one instance.
@@ -174,7 +174,7 @@ func (d *Device) setupVhost(v vhostNet, features uint64, qs [2]*queue.Queue, fir
 	// Buffers the driver posted before DRIVER_OK were kicked into the
 	// transport's eventfd already; one more kick makes vhost look at them.
 	for r := range qs {
-		if err := pci.SignalEventFD(d.fds[first+r].Kick); err != nil {
+		if err := irq.SignalEventFD(d.fds[first+r].Kick); err != nil {
 			return fmt.Errorf("vring %d: initial kick: %w", r, err)
 		}
 	}

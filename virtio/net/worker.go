@@ -8,10 +8,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hpcvmm/hpcvmm/irq"
 	"github.com/hpcvmm/hpcvmm/uapi"
 	"github.com/hpcvmm/hpcvmm/virtio"
 	"github.com/hpcvmm/hpcvmm/virtio/queue"
-	"github.com/hpcvmm/hpcvmm/vmm/pci"
 )
 
 const (
@@ -78,15 +78,15 @@ type pair struct {
 	drain            [8]byte
 }
 
-func newPair(idx int, rxq, txq *queue.Queue, rxKick, txKick, tap int, features uint64, irq virtio.Interrupter) (*pair, error) {
-	wake, err := pci.NewEventFD()
+func newPair(idx int, rxq, txq *queue.Queue, rxKick, txKick, tap int, features uint64, intr virtio.Interrupter) (*pair, error) {
+	wake, err := irq.NewEventFD()
 	if err != nil {
 		return nil, fmt.Errorf("virtio-net pair %d: %w", idx, err)
 	}
 	p := &pair{
 		idx: idx, rxIdx: 2 * idx, txIdx: 2*idx + 1, rxq: rxq, txq: txq,
 		rxKick: rxKick, txKick: txKick, tap: tap, wakeFD: wake,
-		features: features, mergeable: features&FeatureMrgRxbuf != 0, irq: irq,
+		features: features, mergeable: features&FeatureMrgRxbuf != 0, irq: intr,
 		done:    make(chan struct{}),
 		txChain: queue.NewChain(queue.MaxSize),
 		iov:     make([]unix.Iovec, 0, maxIOV),
@@ -99,7 +99,7 @@ func newPair(idx int, rxq, txq *queue.Queue, rxKick, txKick, tap int, features u
 }
 
 func (p *pair) wake() {
-	if err := pci.SignalEventFD(p.wakeFD); err != nil && p.report != nil {
+	if err := irq.SignalEventFD(p.wakeFD); err != nil && p.report != nil {
 		p.report(fmt.Errorf("virtio-net pair %d: wake worker: %w", p.idx, err))
 	}
 }
@@ -206,7 +206,7 @@ func (p *pair) wait(timeout int) error {
 		}
 	}
 	if f[0].Revents&unix.POLLIN != 0 {
-		pci.DrainEventFD(p.txKick, p.drain[:])
+		irq.DrainEventFD(p.txKick, p.drain[:])
 	}
 	if f[2].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 {
 		// The interface went away under us: stop polling it rather than
@@ -217,11 +217,11 @@ func (p *pair) wait(timeout int) error {
 		}
 	}
 	if f[1].Revents&unix.POLLIN != 0 {
-		pci.DrainEventFD(p.rxKick, p.drain[:])
+		irq.DrainEventFD(p.rxKick, p.drain[:])
 		p.waitRx = false
 	}
 	if f[3].Revents&unix.POLLIN != 0 {
-		pci.DrainEventFD(p.wakeFD, p.drain[:])
+		irq.DrainEventFD(p.wakeFD, p.drain[:])
 		p.waitRx = false // the set of active pairs may have changed
 	}
 	return nil

@@ -44,7 +44,7 @@ const (
 
 // GuestMemory is guest RAM as the queue needs it: Slice returns the n bytes
 // at guest-physical gpa, aliasing guest memory, or an error when any of them
-// is outside RAM. vmm/guestmem.Memory implements it.
+// is outside RAM. guestmem.Memory implements it.
 type GuestMemory interface {
 	Slice(gpa, n uint64) ([]byte, error)
 }

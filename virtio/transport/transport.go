@@ -21,10 +21,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hpcvmm/hpcvmm/bus"
+	"github.com/hpcvmm/hpcvmm/irq"
+	"github.com/hpcvmm/hpcvmm/pci"
+	"github.com/hpcvmm/hpcvmm/pci/msix"
 	"github.com/hpcvmm/hpcvmm/virtio"
 	"github.com/hpcvmm/hpcvmm/virtio/queue"
-	"github.com/hpcvmm/hpcvmm/vmm/bus"
-	"github.com/hpcvmm/hpcvmm/vmm/pci"
 )
 
 // PCI identity and BAR layout.
@@ -98,59 +100,13 @@ type Config struct {
 	// Memory is guest RAM, for the virtqueues.
 	Memory queue.GuestMemory
 	// Router binds MSI-X vectors to KVM GSIs and irqfds.
-	Router pci.InterruptRouter
+	Router irq.Router
 	// Notifier binds queue doorbells to ioeventfds.
-	Notifier pci.Notifier
+	Notifier irq.Notifier
 	// OnError, if set, hears about errors that have no caller to return to:
 	// guest protocol violations (the device is then marked
 	// DEVICE_NEEDS_RESET) and failures to program KVM.
 	OnError func(error)
-}
-
-// QueueFDs describe one queue to a device that implements EventFDOwner.
-type QueueFDs struct {
-	// Enabled reports whether the driver enabled the queue; the other
-	// fields are meaningful only then.
-	Enabled bool
-	// Config is the ring layout the driver programmed.
-	Config queue.Config
-	// Kick is the queue's notification eventfd: the KVM ioeventfd on its
-	// doorbell signals it (and so does a doorbell write that exits).
-	Kick int
-	// Call is the irqfd eventfd of the queue's MSI-X vector: a write
-	// raises the vector in KVM (held by the eventfd while the vector is
-	// masked, delivered when the guest unmasks it), or -1 when the driver
-	// gave the queue no vector.
-	Call int
-}
-
-// EventFDOwner is an optional interface of a virtio.Device that waits on
-// some of its queues' doorbells itself instead of through the transport's
-// goroutine: it polls them on its own workers (one per queue pair, say) or
-// hands them to the kernel (vhost: Kick as the vring's kick, Call as its
-// call eventfd, so the data path bypasses hpcvmm entirely).
-//
-// The transport calls TakeEventFDs after DRIVER_OK, just before Activate,
-// with one QueueFDs per queue, and fail, which marks the device
-// DEVICE_NEEDS_RESET and is safe from any goroutine. The device returns
-// which queues it owns: the transport neither polls their Kick eventfds nor
-// calls QueueNotify for them. The eventfds stay the transport's: the device
-// must not close them and must stop using them in Reset.
-type EventFDOwner interface {
-	TakeEventFDs(queues []QueueFDs, fail func(error)) (owned []bool)
-}
-
-// CallFDOwner is an optional interface of an EventFDOwner that hands the
-// Call eventfds of its queues to someone else (vhost): the driver may move
-// a queue to another MSI-X vector after DRIVER_OK, and the interrupt
-// eventfd must follow it. The transport calls QueueCallChanged under its lock
-// when the driver changes the vector of a queue the device owns while the
-// device is running; call is the new vector's irqfd eventfd, or -1 when
-// the driver gave the queue no vector (VIRTIO_MSI_NO_VECTOR: no
-// interrupts). Like the ones in QueueFDs, the eventfd stays the
-// transport's.
-type CallFDOwner interface {
-	QueueCallChanged(q int, call int)
 }
 
 type queueState struct {
@@ -170,8 +126,8 @@ type Transport struct {
 	*pci.ConfigSpace
 	dev     virtio.Device
 	cfg     Config
-	msix    *pci.MSIX
-	irqfds  *pci.IRQFDs
+	msix    *msix.Capability
+	irqfds  *irq.Vectors
 	offered uint64
 	pciCfg  int // offset of the VIRTIO_PCI_CAP_PCI_CFG capability
 
@@ -250,14 +206,14 @@ func (t *Transport) init(sizes []uint16) error {
 		}
 		t.queues[i].max, t.queues[i].size = s, s
 		t.queues[i].vector.Store(virtio.NoVector)
-		fd, err := pci.NewEventFD()
+		fd, err := irq.NewEventFD()
 		if err != nil {
 			return fmt.Errorf("virtio-pci: queue %d notify: %w", i, err)
 		}
 		t.queues[i].notifyFD = fd
 	}
 	t.configVector.Store(virtio.NoVector)
-	fd, err := pci.NewEventFD()
+	fd, err := irq.NewEventFD()
 	if err != nil {
 		return fmt.Errorf("virtio-pci: stop: %w", err)
 	}
@@ -283,7 +239,7 @@ func (t *Transport) init(sizes []uint16) error {
 		return err
 	}
 	nvec := len(t.queues) + 1
-	irqfds, err := pci.NewIRQFDs(t.cfg.Router, nvec, t.report)
+	irqfds, err := irq.NewVectors(t.cfg.Router, nvec, t.report)
 	if err != nil {
 		return err
 	}
@@ -319,7 +275,7 @@ func (t *Transport) init(sizes []uint16) error {
 	cs.OnWrite(off+16, 4, func(int, int) { t.pciCfgAccess(true) })
 	cs.OnRead(off+16, 4, func(int, int) { t.pciCfgAccess(false) })
 
-	msix, err := pci.NewMSIX(cs, nvec, MSIXBAR, msixTableOff, msixPBAOff, irqfds)
+	msix, err := msix.New(cs, nvec, MSIXBAR, msixTableOff, msixPBAOff, irqfds)
 	if err != nil {
 		return err
 	}
@@ -413,471 +369,10 @@ func (t *Transport) NotifyEventFD(q int) int { return t.queues[q].notifyFD }
 func (t *Transport) Device() virtio.Device { return t.dev }
 
 // MSIX returns the function's MSI-X capability.
-func (t *Transport) MSIX() *pci.MSIX { return t.msix }
+func (t *Transport) MSIX() *msix.Capability { return t.msix }
 
 // IRQFDs returns the per-vector interrupt eventfds.
-func (t *Transport) IRQFDs() *pci.IRQFDs { return t.irqfds }
-
-// barMapped moves the doorbell ioeventfds with BAR4.
-func (t *Transport) barMapped(bar int, addr uint64, mapped bool) {
-	if bar != RegsBAR {
-		return
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for i := range t.queues {
-		q := &t.queues[i]
-		if q.ioevent {
-			if err := t.cfg.Notifier.UnregisterIOEventFD(q.ioeventAddr, NotifyWidth, q.notifyFD, 0, false); err != nil {
-				t.report(fmt.Errorf("virtio-pci: queue %d: unregister ioeventfd at %#x: %w", i, q.ioeventAddr, err))
-			}
-			q.ioevent = false
-		}
-		if mapped {
-			a := addr + NotifyOffset + uint64(i)*NotifyMultiple
-			if err := t.cfg.Notifier.RegisterIOEventFD(a, NotifyWidth, q.notifyFD, 0, false); err != nil {
-				t.report(fmt.Errorf("virtio-pci: queue %d: register ioeventfd at %#x: %w", i, a, err))
-				continue
-			}
-			q.ioevent, q.ioeventAddr = true, a
-		}
-	}
-}
-
-// pciCfgAccess performs a VIRTIO_PCI_CAP_PCI_CFG window access (under the
-// Root's lock, from a configuration access).
-func (t *Transport) pciCfgAccess(write bool) {
-	cs := t.ConfigSpace
-	bar := int(cs.Uint8(t.pciCfg + 4))
-	off := uint64(cs.Uint32(t.pciCfg + 8))
-	n := cs.Uint32(t.pciCfg + 12)
-	if n != 1 && n != 2 && n != 4 || off%uint64(n) != 0 {
-		return
-	}
-	h := t.BARHandler(bar)
-	if h == nil {
-		return
-	}
-	size := uint64(RegsBARSize)
-	if bar == MSIXBAR {
-		size = MSIXBARSize
-	}
-	if off+uint64(n) > size {
-		return
-	}
-	buf := t.cfgBuf[:n]
-	if write {
-		for i := range buf {
-			buf[i] = cs.Uint8(t.pciCfg + 16 + i)
-		}
-		h.Write(off, buf)
-		return
-	}
-	h.Read(off, buf)
-	for i := range buf {
-		cs.SetUint8(t.pciCfg+16+i, buf[i])
-	}
-}
-
-// regs is BAR4: common configuration, ISR, device configuration, doorbells.
-type regs struct{ t *Transport }
-
-func region(offset uint64, n int) (base uint64, ok bool) {
-	base = offset &^ (regionSize - 1)
-	return base, (offset+uint64(n)-1)&^(regionSize-1) == base
-}
-
-// Read implements bus.Device for BAR4.
-func (r regs) Read(offset uint64, data []byte) {
-	clear(data)
-	t := r.t
-	base, ok := region(offset, len(data))
-	if !ok {
-		return
-	}
-	rel := offset - base
-	switch base {
-	case CommonOffset:
-		t.mu.Lock()
-		var img [64]byte
-		t.commonImage(&img)
-		t.mu.Unlock()
-		if rel < uint64(len(img)) {
-			copy(data, img[rel:])
-		}
-	case ISROffset:
-		// Reading the ISR acknowledges it (INTx semantics; with MSI-X the
-		// driver does not read it, but the value stays meaningful).
-		if rel == 0 {
-			data[0] = byte(t.isr.Swap(0))
-		}
-	case DeviceOffset:
-		if size := uint64(t.dev.ConfigSize()); rel < size {
-			n := min(uint64(len(data)), size-rel)
-			t.dev.ReadConfig(int(rel), data[:n])
-		}
-	}
-}
-
-// Write implements bus.Device for BAR4.
-func (r regs) Write(offset uint64, data []byte) {
-	t := r.t
-	base, ok := region(offset, len(data))
-	if !ok {
-		return
-	}
-	rel := offset - base
-	switch base {
-	case CommonOffset:
-		t.commonWrite(rel, data)
-	case DeviceOffset:
-		if size := uint64(t.dev.ConfigSize()); rel < size {
-			n := min(uint64(len(data)), size-rel)
-			t.dev.WriteConfig(int(rel), data[:n])
-		}
-	case NotifyOffset:
-		q := rel / NotifyMultiple
-		if q < uint64(len(t.queues)) {
-			// Only reached when KVM did not absorb the doorbell.
-			t.notifyExits.Add(1)
-			if err := pci.SignalEventFD(t.queues[q].notifyFD); err != nil {
-				t.report(fmt.Errorf("virtio-pci: queue %d notify: %w", q, err))
-			}
-		}
-	}
-}
-
-func (t *Transport) selected() *queueState {
-	if int(t.queueSel) < len(t.queues) {
-		return &t.queues[t.queueSel]
-	}
-	return nil
-}
-
-// commonImage renders struct virtio_pci_common_cfg (under t.mu).
-func (t *Transport) commonImage(img *[64]byte) {
-	le := binary.LittleEndian
-	le.PutUint32(img[ccDeviceFeatureSelect:], t.devFeatSel)
-	switch t.devFeatSel {
-	case 0:
-		le.PutUint32(img[ccDeviceFeature:], uint32(t.offered))
-	case 1:
-		le.PutUint32(img[ccDeviceFeature:], uint32(t.offered>>32))
-	}
-	le.PutUint32(img[ccDriverFeatureSelect:], t.drvFeatSel)
-	switch t.drvFeatSel {
-	case 0:
-		le.PutUint32(img[ccDriverFeature:], uint32(t.drvFeatures))
-	case 1:
-		le.PutUint32(img[ccDriverFeature:], uint32(t.drvFeatures>>32))
-	}
-	le.PutUint16(img[ccConfigMSIXVector:], uint16(t.configVector.Load()))
-	le.PutUint16(img[ccNumQueues:], uint16(len(t.queues)))
-	img[ccDeviceStatus] = t.statusLocked()
-	img[ccConfigGeneration] = byte(t.generation.Load())
-	le.PutUint16(img[ccQueueSelect:], t.queueSel)
-	if q := t.selected(); q != nil {
-		le.PutUint16(img[ccQueueSize:], q.size)
-		le.PutUint16(img[ccQueueMSIXVector:], uint16(q.vector.Load()))
-		if q.enabled {
-			le.PutUint16(img[ccQueueEnable:], 1)
-		}
-		le.PutUint16(img[ccQueueNotifyOff:], t.queueSel)
-		le.PutUint64(img[ccQueueDescLo:], q.desc)
-		le.PutUint64(img[ccQueueDriverLo:], q.driver)
-		le.PutUint64(img[ccQueueDeviceLo:], q.device)
-	} else {
-		le.PutUint16(img[ccQueueMSIXVector:], virtio.NoVector)
-	}
-}
-
-// commonWrite merges a write of any width into the register image and
-// applies each field it touched, in address order.
-func (t *Transport) commonWrite(rel uint64, data []byte) {
-	if rel >= CommonLength {
-		return
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	var img [64]byte
-	t.commonImage(&img)
-	n := copy(img[rel:CommonLength], data)
-	lo, hi := int(rel), int(rel)+n
-	le := binary.LittleEndian
-	for _, f := range commonFields {
-		off, w := f[0], f[1]
-		if off >= hi || off+w <= lo {
-			continue
-		}
-		var v uint32
-		switch w {
-		case 1:
-			v = uint32(img[off])
-		case 2:
-			v = uint32(le.Uint16(img[off:]))
-		case 4:
-			v = le.Uint32(img[off:])
-		}
-		t.setField(off, v)
-	}
-}
-
-func (t *Transport) validVector(v uint32) uint32 {
-	if v < uint32(t.msix.Vectors()) {
-		return v
-	}
-	return virtio.NoVector
-}
-
-// setField applies one common-configuration field write (under t.mu).
-func (t *Transport) setField(off int, v uint32) {
-	q := t.selected()
-	// Queue layout is frozen once the queue is enabled (virtio 4.1.4.3.2).
-	qWritable := q != nil && !q.enabled
-	switch off {
-	case ccDeviceFeatureSelect:
-		t.devFeatSel = v
-	case ccDriverFeatureSelect:
-		t.drvFeatSel = v
-	case ccDriverFeature:
-		if t.status&virtio.StatusFeaturesOK != 0 || t.drvFeatSel > 1 {
-			return
-		}
-		shift := 32 * t.drvFeatSel
-		t.drvFeatures = t.drvFeatures&^(uint64(0xffffffff)<<shift) | uint64(v)<<shift
-	case ccConfigMSIXVector:
-		t.configVector.Store(t.validVector(v))
-	case ccDeviceStatus:
-		t.setStatus(uint8(v))
-	case ccQueueSelect:
-		t.queueSel = uint16(v)
-	case ccQueueSize:
-		if qWritable {
-			q.size = uint16(v)
-		}
-	case ccQueueMSIXVector:
-		if q != nil {
-			nv := t.validVector(v)
-			if q.vector.Swap(nv) != nv {
-				t.queueVectorChanged(int(t.queueSel), nv)
-			}
-		}
-	case ccQueueEnable:
-		if qWritable && v == 1 {
-			t.enableQueue(q)
-		}
-	case ccQueueDescLo, ccQueueDescHi, ccQueueDriverLo, ccQueueDriverHi, ccQueueDeviceLo, ccQueueDeviceHi:
-		if !qWritable {
-			return
-		}
-		p := [...]*uint64{&q.desc, &q.driver, &q.device}[(off-ccQueueDescLo)/8]
-		if off%8 == 0 {
-			*p = *p&^0xffffffff | uint64(v)
-		} else {
-			*p = *p&0xffffffff | uint64(v)<<32
-		}
-	}
-}
-
-// queueVectorChanged passes a running owned queue's new interrupt
-// eventfd to its owner (under t.mu). Queues the transport serves itself
-// need nothing: SignalQueue reads the vector on every interrupt.
-func (t *Transport) queueVectorChanged(q int, vector uint32) {
-	if !t.running || q >= len(t.owned) || !t.owned[q] {
-		return
-	}
-	owner, ok := t.dev.(CallFDOwner)
-	if !ok {
-		return
-	}
-	owner.QueueCallChanged(q, t.callFD(vector))
-}
-
-// callFD is vector's irqfd eventfd, or -1 for no vector.
-func (t *Transport) callFD(vector uint32) int {
-	if vector == virtio.NoVector || int(vector) >= t.msix.Vectors() {
-		return -1
-	}
-	return t.irqfds.EventFD(int(vector))
-}
-
-func (t *Transport) enableQueue(q *queueState) {
-	if q.size > q.max {
-		t.fail(fmt.Errorf("queue %d: size %d exceeds maximum %d", t.queueSel, q.size, q.max))
-		return
-	}
-	vq, err := queue.New(t.cfg.Memory, queue.Config{Size: q.size, Desc: q.desc, Driver: q.driver, Device: q.device}, t.drvFeatures)
-	if err != nil {
-		t.fail(fmt.Errorf("queue %d: %w", t.queueSel, err))
-		return
-	}
-	q.q, q.enabled = vq, true
-}
-
-// setStatus runs the device status state machine (under t.mu). Status bits
-// only accumulate; writing 0 resets the device.
-func (t *Transport) setStatus(v uint8) {
-	if v == 0 {
-		t.reset()
-		return
-	}
-	old := t.status
-	v |= old
-	if v&virtio.StatusFeaturesOK != 0 && old&virtio.StatusFeaturesOK == 0 {
-		// Accept only a subset of what was offered, including VERSION_1:
-		// this is a modern-only device.
-		if t.drvFeatures&^t.offered != 0 || t.drvFeatures&virtio.FeatureVersion1 == 0 {
-			v &^= virtio.StatusFeaturesOK
-		}
-	}
-	if v&virtio.StatusDriverOK != 0 && old&virtio.StatusDriverOK == 0 {
-		if v&virtio.StatusFeaturesOK == 0 {
-			v &^= virtio.StatusDriverOK
-		} else {
-			t.status = v
-			t.activate()
-			return
-		}
-	}
-	t.status = v
-}
-
-func (t *Transport) activate() {
-	if t.running || t.needsReset.Load() {
-		return
-	}
-	qs := make([]*queue.Queue, len(t.queues))
-	active := make([]bool, len(t.queues))
-	for i := range t.queues {
-		if t.queues[i].enabled {
-			qs[i], active[i] = t.queues[i].q, true
-		}
-	}
-	t.owned = t.owned[:0]
-	if owner, ok := t.dev.(EventFDOwner); ok {
-		owned := owner.TakeEventFDs(t.queueFDs(), t.fail)
-		for i := range active {
-			own := i < len(owned) && owned[i]
-			if own {
-				active[i] = false
-			}
-			t.owned = append(t.owned, own)
-		}
-	}
-	if err := t.dev.Activate(t.drvFeatures, qs, t); err != nil {
-		t.fail(fmt.Errorf("activate: %w", err))
-		return
-	}
-	t.running = true
-	t.done = make(chan struct{})
-	go t.run(t.done, active)
-}
-
-// queueFDs describes every queue for EventFDOwner (under t.mu).
-func (t *Transport) queueFDs() []QueueFDs {
-	fds := make([]QueueFDs, len(t.queues))
-	for i := range t.queues {
-		q := &t.queues[i]
-		fds[i] = QueueFDs{Enabled: q.enabled, Kick: q.notifyFD, Call: t.callFD(q.vector.Load()),
-			Config: queue.Config{Size: q.size, Desc: q.desc, Driver: q.driver, Device: q.device}}
-	}
-	return fds
-}
-
-// reset stops the device goroutine and returns everything the driver
-// programmed to its initial value (under t.mu).
-func (t *Transport) reset() {
-	t.stopWorker()
-	t.dev.Reset()
-	for i := range t.queues {
-		q := &t.queues[i]
-		q.size, q.enabled, q.q = q.max, false, nil
-		q.desc, q.driver, q.device = 0, 0, 0
-		q.vector.Store(virtio.NoVector)
-		pci.DrainEventFD(q.notifyFD, t.drain[:])
-	}
-	t.configVector.Store(virtio.NoVector)
-	t.devFeatSel, t.drvFeatSel, t.drvFeatures, t.queueSel = 0, 0, 0, 0
-	t.status = 0
-	t.needsReset.Store(false)
-	t.isr.Store(0)
-}
-
-func (t *Transport) stopWorker() {
-	if !t.running {
-		return
-	}
-	if err := pci.SignalEventFD(t.stopFD); err != nil {
-		t.report(fmt.Errorf("virtio-pci: stop device goroutine: %w", err))
-	}
-	<-t.done
-	pci.DrainEventFD(t.stopFD, t.drain[:])
-	t.running = false
-}
-
-// run is the device goroutine: it waits on the queue doorbells, the stop
-// eventfd and the device's host-side eventfd, and calls the device. It never
-// takes t.mu, so a reset on a vCPU thread can wait for it.
-func (t *Transport) run(done chan struct{}, active []bool) {
-	defer close(done)
-	nq := len(t.queues)
-	stopIdx := nq
-	var drain [8]byte
-	broken := false
-	call := func(err error) {
-		if err != nil && !broken {
-			broken = true
-			t.fail(err)
-		}
-	}
-	for i := range nq {
-		if active[i] {
-			call(t.dev.QueueNotify(i))
-		}
-	}
-	fds := t.pollFDs
-	for i := range nq {
-		// Queues an EventFDOwner took (inactive here) are not polled: their
-		// kicks belong to the device's own workers or to the kernel.
-		fds[i].Fd = int32(t.queues[i].notifyFD)
-		if !active[i] {
-			fds[i].Fd = -1
-		}
-	}
-	if len(fds) > nq+1 {
-		fds[nq+1].Fd = int32(t.devFD)
-	}
-	for {
-		if _, err := unix.Poll(fds, -1); err != nil {
-			if errors.Is(err, unix.EINTR) {
-				continue
-			}
-			t.report(fmt.Errorf("virtio-pci type %d: device goroutine poll: %w", t.dev.Type(), err))
-			return
-		}
-		if fds[stopIdx].Revents != 0 {
-			return
-		}
-		for i := range nq {
-			if fds[i].Revents&unix.POLLIN == 0 {
-				continue
-			}
-			pci.DrainEventFD(int(fds[i].Fd), drain[:])
-			if active[i] && !broken {
-				call(t.dev.QueueNotify(i))
-			}
-		}
-		if len(fds) > nq+1 && fds[nq+1].Revents&unix.POLLIN != 0 {
-			if broken {
-				// Leave host work queued for after the reset; stop polling
-				// the fd so it does not spin (restored on the next run).
-				fds[nq+1].Fd = -1
-			} else {
-				call(t.dev.HandleEvent())
-			}
-		}
-	}
-}
+func (t *Transport) IRQFDs() *irq.Vectors { return t.irqfds }
 
 // Close stops the device and releases its eventfds and KVM bindings.
 func (t *Transport) Close() error {

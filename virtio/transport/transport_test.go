@@ -9,12 +9,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hpcvmm/hpcvmm/pci"
 	"github.com/hpcvmm/hpcvmm/virtio"
 	"github.com/hpcvmm/hpcvmm/virtio/queue"
 	"github.com/hpcvmm/hpcvmm/virtio/queue/queuetest"
 	"github.com/hpcvmm/hpcvmm/virtio/transport"
 	"github.com/hpcvmm/hpcvmm/virtio/transport/transporttest"
-	"github.com/hpcvmm/hpcvmm/vmm/pci"
 )
 
 // echoDev is a one-queue device that returns every chain with its readable

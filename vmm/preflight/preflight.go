@@ -6,12 +6,12 @@ import (
 	"io/fs"
 	"math"
 	"math/bits"
-	"sort"
 	"strings"
 
-	"github.com/hpcvmm/hpcvmm/vmm/guestmem"
+	"github.com/hpcvmm/hpcvmm/addrspace"
+	"github.com/hpcvmm/hpcvmm/guestmem"
 
-	"github.com/hpcvmm/hpcvmm/vmm/host"
+	"github.com/hpcvmm/hpcvmm/host"
 )
 
 // Request describes the VM to check for.
@@ -49,96 +49,11 @@ func (r Request) pageSize() uint64 {
 
 func (r Request) devices() int { return len(r.GPUs) + len(r.VFs) }
 
-// Guest physical layout (docs/architecture.md): RAM below the 32-bit PCI
-// hole at 3 GiB, the rest from 4 GiB; the 64-bit MMIO window starts at the
-// first 1 GiB boundary above RAM.
-const (
-	pciHoleStart = 3 << 30
-	fourGiB      = 4 << 30
-	// mmio32End is where 32-bit BARs must stop: the IOAPIC sits at
-	// 0xfec00000 and the LAPIC above it.
-	mmio32End = 0xfec00000
-)
-
-// GuestRAMEnd is the guest-physical end of RAM for memory bytes.
-func GuestRAMEnd(memory uint64) uint64 {
-	if memory <= pciHoleStart {
-		return memory
-	}
-	return fourGiB + (memory - pciHoleStart)
-}
-
-// MMIO64Start is the start of the guest's 64-bit MMIO window: the first
-// 1 GiB-aligned address at or above both the end of RAM and 4 GiB.
-func MMIO64Start(memory uint64) uint64 {
-	return max(fourGiB, alignUp(GuestRAMEnd(memory), 1<<30))
-}
-
 func alignUp(v, a uint64) uint64 {
 	if v > math.MaxUint64-(a-1) {
 		return math.MaxUint64
 	}
 	return (v + a - 1) &^ (a - 1)
-}
-
-// PlaceBARs assigns guest addresses to BARs of the given sizes in a window
-// starting at start: each BAR naturally aligned (sizes are rounded up to a
-// power of two, as BAR sizing dictates), largest first, each at the lowest
-// free aligned address, so small BARs fill the alignment gap below a large
-// one. It returns the addresses in input order and the end of the highest
-// BAR. Addresses saturate at MaxUint64 instead of wrapping. The guest PCI
-// code should use the same rule so preflight's verdict matches what the VM
-// does.
-func PlaceBARs(start uint64, sizes []uint64) (addrs []uint64, end uint64) {
-	type iv struct{ lo, hi uint64 } // [lo, hi)
-	order := make([]int, len(sizes))
-	for i := range order {
-		order[i] = i
-	}
-	sort.SliceStable(order, func(a, b int) bool { return sizes[order[a]] > sizes[order[b]] })
-	addrs = make([]uint64, len(sizes))
-	var used []iv // sorted by lo
-	end = start
-	for _, i := range order {
-		sz := sizes[i]
-		if sz == 0 {
-			addrs[i] = start
-			continue
-		}
-		if sz&(sz-1) != 0 {
-			if bits.Len64(sz) >= 64 {
-				addrs[i], end = math.MaxUint64, math.MaxUint64
-				continue
-			}
-			sz = 1 << bits.Len64(sz)
-		}
-		at := alignUp(start, sz)
-		pos := len(used)
-		for j, u := range used {
-			if at <= math.MaxUint64-sz && at+sz <= u.lo {
-				pos = j
-				break
-			}
-			if u.hi > at {
-				at = alignUp(u.hi, sz)
-			}
-		}
-		if at > math.MaxUint64-sz {
-			addrs[i], end = math.MaxUint64, math.MaxUint64
-			continue
-		}
-		addrs[i] = at
-		used = append(used, iv{})
-		copy(used[pos+1:], used[pos:])
-		used[pos] = iv{at, at + sz}
-		end = max(end, at+sz)
-	}
-	return addrs, end
-}
-
-func placeBARs(start uint64, sizes []uint64) uint64 {
-	_, end := PlaceBARs(start, sizes)
-	return end
 }
 
 // ChooseNode picks the NUMA node for the VM: the requested node if
@@ -525,36 +440,44 @@ func (c *checker) vf(d *host.Device) {
 }
 
 // barSpace checks that every requested device's BARs fit the guest's MMIO
-// windows: 32-bit memory BARs in [3 GiB, 0xfec00000), 64-bit ones in the
-// window from the end of RAM (1 GiB aligned) up to 2^physbits, each
-// naturally aligned. I/O BARs and SR-IOV VF BARs (lines 7-12, which belong
-// to the VFs, not the PF's guest) are not placed.
+// windows, placed by addrspace.Plan: the call the VM makes, so a layout
+// passes here exactly when the VM accepts it. I/O BARs and SR-IOV VF BARs
+// (lines 7-12, which belong to the VFs, not the PF's guest) are not placed.
+// hpcvmm's own virtio devices add a few 16 KiB BARs, which the largest-first
+// rule places last, in gaps the device BARs leave.
 func (c *checker) barSpace() {
 	if len(c.devs) == 0 {
 		return
 	}
-	var b64, b32 []uint64
+	var b64, b32 []addrspace.BAR
 	var total64 uint64
 	for _, rd := range c.devs {
 		for _, b := range rd.d.BARs {
-			if b.IO || b.Index >= host.ROMIndex {
+			if b.IO || b.Index >= host.ROMIndex || b.Size == 0 {
 				continue
 			}
+			bar := addrspace.BAR{Owner: rd.d.BDF.String(), Index: b.Index, Kind: addrspace.Mem32, Size: powerOfTwo(b.Size)}
 			if b.Mem64 {
-				b64 = append(b64, b.Size)
-				total64 += b.Size
+				bar.Kind = addrspace.Mem64
+				b64 = append(b64, bar)
+				total64 += bar.Size
 			} else {
-				b32 = append(b32, b.Size)
+				b32 = append(b32, bar)
 			}
 		}
 	}
 	if len(b32) > 0 {
-		end := placeBARs(pciHoleStart, b32)
-		if end > mmio32End {
+		w := addrspace.Windows{Mem32: addrspace.Range{GPA: addrspace.Window32Base, Size: addrspace.Window32Size}}
+		addrs, err := addrspace.Plan(w, b32)
+		var pe *addrspace.PlanError
+		switch {
+		case errors.As(err, &pe):
 			c.add("bar-space-32bit", "vm", Fail, "pass fewer devices with 32-bit BARs",
-				"%d 32-bit BARs need %s of the 32-bit PCI hole, which has %s", len(b32), humanSize(end-pciHoleStart), humanSize(mmio32End-pciHoleStart))
-		} else {
-			c.add("bar-space-32bit", "vm", Pass, "", "%d 32-bit BARs fit in [%#x, %#x)", len(b32), uint64(pciHoleStart), end)
+				"%d 32-bit BARs need %s of the 32-bit MMIO window, which has %s", len(b32), humanSize(pe.Need), humanSize(w.Mem32.Size))
+		case err != nil:
+			c.add("bar-space-32bit", "vm", Fail, "", "%v", err)
+		default:
+			c.add("bar-space-32bit", "vm", Pass, "", "%d 32-bit BARs fit in [%#x, %#x)", len(b32), w.Mem32.GPA, barsEnd(b32, addrs))
 		}
 	}
 	physBits, err := c.h.PhysAddrBits()
@@ -566,34 +489,64 @@ func (c *checker) barSpace() {
 		c.add("bar-space", "vm", Pass, "", "no 64-bit BARs")
 		return
 	}
-	limit := uint64(1) << physBits
-	if physBits >= 64 {
-		limit = math.MaxUint64
-	}
-	start := MMIO64Start(c.req.Memory)
-	end := placeBARs(start, b64)
-	need := bits.Len64(end - 1)
-	if end <= limit {
-		c.add("bar-space", "vm", Pass, "", "%d 64-bit BARs (%s) fit in [%#x, %#x): need %d of the host's %d physical address bits",
-			len(b64), humanSize(total64), start, end, need, physBits)
+	w, err := addrspace.NewWindows(c.req.Memory, uint(physBits))
+	if err != nil {
+		c.add("bar-space", "vm", Fail, "use less --memory", "%v", err)
 		return
 	}
+	addrs, err := addrspace.Plan(w, b64)
+	if err == nil {
+		end := barsEnd(b64, addrs)
+		c.add("bar-space", "vm", Pass, "", "%d 64-bit BARs (%s) fit in [%#x, %#x): need %d of the host's %d physical address bits",
+			len(b64), humanSize(total64), w.Mem64.GPA, end, bits.Len64(end-1), physBits)
+		return
+	}
+	var pe *addrspace.PlanError
+	if !errors.As(err, &pe) {
+		c.add("bar-space", "vm", Fail, "", "%v", err)
+		return
+	}
+	end := w.Mem64.GPA + pe.Need
 	fix := "pass fewer devices: these BARs do not fit below 2^" + fmt.Sprint(physBits) + " even with no RAM above 4 GiB"
-	if maxMem, ok := maxMemoryFitting(b64, limit); ok {
+	if maxMem, ok := maxMemoryFitting(b64, uint(physBits)); ok {
 		fix = fmt.Sprintf("use --memory %s or less, or pass fewer devices (the CPU's %d-bit physical address width is fixed)", guestmem.FormatSize(maxMem), physBits)
 	}
 	c.add("bar-space", "vm", Fail, fix, "%d 64-bit BARs (%s) from %#x end at %#x: the guest needs %d physical address bits, the host has %d",
-		len(b64), humanSize(total64), start, end, need, physBits)
+		len(b64), humanSize(total64), w.Mem64.GPA, end, bits.Len64(end-1), physBits)
+}
+
+// powerOfTwo rounds a BAR size up to a power of two, as BAR sizing does.
+func powerOfTwo(size uint64) uint64 {
+	if size&(size-1) == 0 || bits.Len64(size) >= 64 {
+		return size
+	}
+	return 1 << bits.Len64(size)
+}
+
+// barsEnd returns the end of the highest placed BAR.
+func barsEnd(bars []addrspace.BAR, addrs []uint64) uint64 {
+	var end uint64
+	for i, b := range bars {
+		end = max(end, addrs[i]+b.Size)
+	}
+	return end
 }
 
 // maxMemoryFitting returns the largest whole-GiB guest memory for which the
-// 64-bit BARs still fit below limit.
-func maxMemoryFitting(sizes []uint64, limit uint64) (uint64, bool) {
-	fits := func(gib uint64) bool { return placeBARs(MMIO64Start(gib<<30), sizes) <= limit }
+// 64-bit BARs still fit the 64-bit window.
+func maxMemoryFitting(bars []addrspace.BAR, physBits uint) (uint64, bool) {
+	fits := func(gib uint64) bool {
+		w, err := addrspace.NewWindows(gib<<30, physBits)
+		if err != nil {
+			return false
+		}
+		_, err = addrspace.Plan(w, bars)
+		return err == nil
+	}
 	if !fits(0) {
 		return 0, false
 	}
-	lo, hi := uint64(0), limit>>30 // fits(lo) holds; find the last fitting GiB count
+	lo, hi := uint64(0), uint64(1)<<(physBits-30) // fits(lo) holds; find the last fitting GiB count
 	for lo < hi {
 		mid := lo + (hi-lo+1)/2
 		if fits(mid) {

@@ -1,6 +1,6 @@
 package preflight
 
-import "github.com/hpcvmm/hpcvmm/vmm/guestmem"
+import "github.com/hpcvmm/hpcvmm/guestmem"
 
 // Page sizes a Request may ask for.
 const (

@@ -14,12 +14,15 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hpcvmm/hpcvmm/addrspace"
+	"github.com/hpcvmm/hpcvmm/bus"
+	"github.com/hpcvmm/hpcvmm/irq"
+	"github.com/hpcvmm/hpcvmm/irq/irqtest"
+	"github.com/hpcvmm/hpcvmm/pci"
+	"github.com/hpcvmm/hpcvmm/pci/pcitest"
 	"github.com/hpcvmm/hpcvmm/virtio"
 	"github.com/hpcvmm/hpcvmm/virtio/queue/queuetest"
 	"github.com/hpcvmm/hpcvmm/virtio/transport"
-	"github.com/hpcvmm/hpcvmm/vmm/bus"
-	"github.com/hpcvmm/hpcvmm/vmm/pci"
-	"github.com/hpcvmm/hpcvmm/vmm/pci/pcitest"
 )
 
 // Slot is where Rig puts the device.
@@ -30,8 +33,8 @@ type Rig struct {
 	PIO, MMIO *bus.Bus
 	Root      *pci.Root
 	T         *transport.Transport
-	Router    *pcitest.Router
-	Notifier  *pcitest.Notifier
+	Router    *irqtest.Router
+	Notifier  *irqtest.Notifier
 	Mem       queuetest.Memory
 	Cfg       pcitest.Conf1
 	Errors    chan error
@@ -44,7 +47,7 @@ type Rig struct {
 // NewRig builds the transport for dev over mem, adds it at Slot, places its
 // BARs like the VMM does, and locates the virtio regions like Linux does.
 func NewRig(dev virtio.Device, mem queuetest.Memory) (*Rig, error) {
-	r := &Rig{PIO: &bus.Bus{}, MMIO: &bus.Bus{}, Router: pcitest.NewRouter(), Notifier: pcitest.NewNotifier(), Mem: mem, Errors: make(chan error, 64)}
+	r := &Rig{PIO: &bus.Bus{}, MMIO: &bus.Bus{}, Router: irqtest.NewRouter(), Notifier: irqtest.NewNotifier(), Mem: mem, Errors: make(chan error, 64)}
 	report := func(err error) {
 		select {
 		case r.Errors <- err:
@@ -63,9 +66,9 @@ func NewRig(dev virtio.Device, mem queuetest.Memory) (*Rig, error) {
 	if err := r.Root.AddDevice(Slot, "virtio", t); err != nil {
 		return nil, err
 	}
-	m32, _ := pci.NewAllocator("mmio32", pci.Window32Base, pci.Window32Size, false)
-	m64, _ := pci.NewAllocator("mmio64", 1<<36, 1<<36, false)
-	if err := r.Root.AssignBARs(m32, m64, nil); err != nil {
+	w := addrspace.Windows{Mem32: addrspace.Range{GPA: addrspace.Window32Base, Size: addrspace.Window32Size},
+		Mem64: addrspace.Range{GPA: 1 << 36, Size: 1 << 36}}
+	if err := r.Root.AssignBARs(w); err != nil {
 		return nil, err
 	}
 	r.Cfg = pcitest.Conf1{PIO: r.PIO}
@@ -212,7 +215,7 @@ func (r *Rig) Kick(q int) error {
 	if !ok {
 		return fmt.Errorf("transporttest: no ioeventfd at queue %d doorbell %#x", q, addr)
 	}
-	return pci.SignalEventFD(ev.FD)
+	return irq.SignalEventFD(ev.FD)
 }
 
 // KickMMIO notifies queue q with a doorbell write that exits to the VMM.
@@ -244,7 +247,7 @@ func (r *Rig) WaitInterrupt(vec int, timeout time.Duration) error {
 		}
 		if n > 0 {
 			var b [8]byte
-			pci.DrainEventFD(fd, b[:])
+			irq.DrainEventFD(fd, b[:])
 			return nil
 		}
 	}
@@ -254,5 +257,5 @@ func (r *Rig) WaitInterrupt(vec int, timeout time.Duration) error {
 // waiting.
 func (r *Rig) Interrupted(vec int) bool {
 	var b [8]byte
-	return pci.DrainEventFD(r.T.IRQFDs().EventFD(vec), b[:])
+	return irq.DrainEventFD(r.T.IRQFDs().EventFD(vec), b[:])
 }

@@ -1,0 +1,215 @@
+// Package hosttest builds synthetic sysfs/procfs trees in a test's temporary
+// directory, laid out exactly as a live kernel lays them out (real symlinks
+// for driver, iommu_group, physfn and virtfnN), so host and preflight tests
+// can cover multi-node, SR-IOV and IOMMU-group cases no single machine has.
+package hosttest
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/hpcvmm/hpcvmm/host"
+)
+
+// Tree is a synthetic host rooted at Root, with Root/sys, Root/proc and
+// Root/dev.
+type Tree struct {
+	t     testing.TB
+	Root  string
+	nodes []int
+}
+
+// New returns an empty tree in t.TempDir(): no nodes, no devices, no IOMMU
+// groups, no /dev/kvm.
+func New(t testing.TB) *Tree {
+	t.Helper()
+	tr := &Tree{t: t, Root: t.TempDir()}
+	for _, d := range []string{"sys/bus/pci/devices", "sys/bus/pci/drivers", "proc", "dev"} {
+		tr.mkdir(d)
+	}
+	return tr
+}
+
+// Sys is the sysfs root to pass to host.New (or hpcvmm's --sysfs).
+func (tr *Tree) Sys() string { return filepath.Join(tr.Root, "sys") }
+
+// Proc is the procfs root to pass to host.New (or hpcvmm's --procfs).
+func (tr *Tree) Proc() string { return filepath.Join(tr.Root, "proc") }
+
+// Host returns host.New over the tree.
+func (tr *Tree) Host() *host.Host { return host.New(tr.Sys(), tr.Proc()) }
+
+func (tr *Tree) mkdir(rel string) {
+	tr.t.Helper()
+	if err := os.MkdirAll(filepath.Join(tr.Root, rel), 0o755); err != nil {
+		tr.t.Fatalf("hosttest: mkdir %s: %v", rel, err)
+	}
+}
+
+// Write creates the file rel (relative to Root) with content, making parents.
+func (tr *Tree) Write(rel, content string) {
+	tr.t.Helper()
+	tr.mkdir(filepath.Dir(rel))
+	if err := os.WriteFile(filepath.Join(tr.Root, rel), []byte(content), 0o644); err != nil {
+		tr.t.Fatalf("hosttest: write %s: %v", rel, err)
+	}
+}
+
+// Symlink creates the symlink rel -> target, making parents.
+func (tr *Tree) Symlink(rel, target string) {
+	tr.t.Helper()
+	tr.mkdir(filepath.Dir(rel))
+	p := filepath.Join(tr.Root, rel)
+	_ = os.Remove(p)
+	if err := os.Symlink(target, p); err != nil {
+		tr.t.Fatalf("hosttest: symlink %s: %v", rel, err)
+	}
+}
+
+// Remove deletes rel and everything below it.
+func (tr *Tree) Remove(rel string) {
+	tr.t.Helper()
+	if err := os.RemoveAll(filepath.Join(tr.Root, rel)); err != nil {
+		tr.t.Fatalf("hosttest: remove %s: %v", rel, err)
+	}
+}
+
+// Pool is a hugepage pool to create: page size in bytes, total, free.
+type Pool struct {
+	Size, Total, Free uint64
+}
+
+// Node adds NUMA node id with the given CPU list and hugepage pools and
+// rewrites the node "online" list.
+func (tr *Tree) Node(id int, cpus string, memFree uint64, pools ...Pool) {
+	tr.t.Helper()
+	dir := fmt.Sprintf("sys/devices/system/node/node%d", id)
+	tr.Write(dir+"/cpulist", cpus+"\n")
+	tr.Write(dir+"/meminfo", fmt.Sprintf("Node %d MemTotal:  %d kB\nNode %d MemFree:   %d kB\nNode %d HugePages_Total:     0\n",
+		id, 2*memFree>>10, id, memFree>>10, id))
+	tr.mkdir(dir + "/hugepages")
+	for _, p := range pools {
+		pd := dir + "/hugepages/" + host.HugepageDirName(p.Size)
+		tr.Write(pd+"/nr_hugepages", fmt.Sprintf("%d\n", p.Total))
+		tr.Write(pd+"/free_hugepages", fmt.Sprintf("%d\n", p.Free))
+	}
+	tr.nodes = append(tr.nodes, id)
+	tr.Write("sys/devices/system/node/online", host.FormatCPUList(tr.nodes)+"\n")
+}
+
+// CPUInfo writes /proc/cpuinfo with the given physical address width.
+func (tr *Tree) CPUInfo(physBits int) {
+	tr.Write("proc/cpuinfo", fmt.Sprintf("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: Synthetic\naddress sizes\t: %d bits physical, 48 bits virtual\n\n", physBits))
+}
+
+// Interrupts writes /proc/interrupts with remapped ("IR-") chips or not.
+func (tr *Tree) Interrupts(remapped bool) {
+	p := ""
+	if remapped {
+		p = "IR-"
+	}
+	tr.Write("proc/interrupts", fmt.Sprintf("           CPU0\n  9:          0  %sIO-APIC   9-fasteoi   acpi\n 30:         12  %sPCI-MSIX-0000:00:01.0   0-edge      nvme0q0\nNMI:          0   Non-maskable interrupts\n", p, p))
+}
+
+// KVM creates dev/kvm (a plain file: presence is all host checks).
+func (tr *Tree) KVM() { tr.Write("dev/kvm", "") }
+
+// Device describes a PCI function to create.
+type Device struct {
+	BDF      string
+	Vendor   uint16
+	DeviceID uint16
+	Class    uint32
+	// Driver is the bound driver, "" for none.
+	Driver string
+	// NUMANode is written to numa_node (-1 for none).
+	NUMANode int
+	// IOMMUGroup links the device into /sys/kernel/iommu_groups/N; -1 for
+	// no group.
+	IOMMUGroup int
+	// ResetMethod is written to reset_method unless empty (then the file is
+	// absent, as the kernel hides it for devices without reset).
+	ResetMethod string
+	// Resource is the sysfs resource file contents; empty writes 13 empty
+	// lines.
+	Resource string
+	// Config is the config space; nil writes a minimal 256-byte header
+	// with the IDs and no capabilities.
+	Config []byte
+}
+
+// AddDevice creates the device directory with IDs, driver, NUMA node, IOMMU
+// group, reset method, resources and config space.
+func (tr *Tree) AddDevice(d Device) {
+	tr.t.Helper()
+	dir := "sys/bus/pci/devices/" + d.BDF
+	tr.Write(dir+"/vendor", fmt.Sprintf("0x%04x\n", d.Vendor))
+	tr.Write(dir+"/device", fmt.Sprintf("0x%04x\n", d.DeviceID))
+	tr.Write(dir+"/class", fmt.Sprintf("0x%06x\n", d.Class))
+	tr.Write(dir+"/numa_node", fmt.Sprintf("%d\n", d.NUMANode))
+	if d.Driver != "" {
+		tr.mkdir("sys/bus/pci/drivers/" + d.Driver)
+		tr.Symlink(dir+"/driver", "../../../bus/pci/drivers/"+d.Driver)
+	}
+	if d.IOMMUGroup >= 0 {
+		g := fmt.Sprintf("sys/kernel/iommu_groups/%d", d.IOMMUGroup)
+		tr.Symlink(dir+"/iommu_group", "../../../kernel/iommu_groups/"+fmt.Sprint(d.IOMMUGroup))
+		tr.Symlink(g+"/devices/"+d.BDF, "../../../../bus/pci/devices/"+d.BDF)
+	}
+	if d.ResetMethod != "" {
+		tr.Write(dir+"/reset_method", d.ResetMethod+"\n")
+	}
+	res := d.Resource
+	if res == "" {
+		res = strings.Repeat("0x0000000000000000 0x0000000000000000 0x0000000000000000\n", 13)
+	}
+	tr.Write(dir+"/resource", res)
+	cfg := d.Config
+	if cfg == nil {
+		cfg = make([]byte, 256)
+		binary.LittleEndian.PutUint16(cfg[0:], d.Vendor)
+		binary.LittleEndian.PutUint16(cfg[2:], d.DeviceID)
+	}
+	tr.Write(dir+"/config", string(cfg))
+}
+
+// LinkVF makes vf the n-th virtual function of pf: pf/virtfnN -> vf,
+// vf/physfn -> pf, and pf/sriov_numvfs updated to n+1 if larger.
+func (tr *Tree) LinkVF(pf, vf string, n int) {
+	tr.t.Helper()
+	tr.Symlink(fmt.Sprintf("sys/bus/pci/devices/%s/virtfn%d", pf, n), "../"+vf)
+	tr.Symlink(fmt.Sprintf("sys/bus/pci/devices/%s/physfn", vf), "../"+pf)
+	tr.Write(fmt.Sprintf("sys/bus/pci/devices/%s/sriov_numvfs", pf), fmt.Sprintf("%d\n", n+1))
+	tr.Write(fmt.Sprintf("sys/bus/pci/devices/%s/sriov_totalvfs", pf), "8\n")
+}
+
+// ResourceLine formats one "start end flags" line of a resource file for a
+// memory BAR of size bytes at start.
+func ResourceLine(start, size uint64, mem64, prefetch bool) string {
+	flags := uint64(0x200)
+	if mem64 {
+		flags |= 0x100000 | 0x4
+	}
+	if prefetch {
+		flags |= 0x2000 | 0x8
+	}
+	return fmt.Sprintf("0x%016x 0x%016x 0x%016x\n", start, start+size-1, flags)
+}
+
+// Resource builds a 13-line resource file with the given lines at their
+// indexes and empty lines elsewhere.
+func Resource(lines map[int]string) string {
+	var b strings.Builder
+	for i := 0; i < 13; i++ {
+		if l, ok := lines[i]; ok {
+			b.WriteString(l)
+		} else {
+			b.WriteString("0x0000000000000000 0x0000000000000000 0x0000000000000000\n")
+		}
+	}
+	return b.String()
+}

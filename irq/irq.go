@@ -1,0 +1,195 @@
+// Package irq owns how interrupts and doorbells cross between devices and
+// KVM without hpcvmm on the data path: the Router a device uses to route an
+// MSI message to a GSI and bind an eventfd to it (KVM_SET_GSI_ROUTING,
+// KVM_IRQFD), the Notifier that turns guest doorbell writes into eventfd
+// signals (KVM_IOEVENTFD), the eventfd helpers both sides use, and Vectors,
+// one irqfd per MSI-X vector with KVM's masking order. It knows nothing of
+// PCI config space or of the VM that implements Router and Notifier: devices
+// (virtio, vfio) and the VM's wiring both import it, never each other.
+package irq
+
+import (
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// Router is what the VM provides so MSI-X vectors reach the guest
+// through KVM without hpcvmm on the data path: a GSI routed to an MSI message
+// (KVM_SET_GSI_ROUTING; the VM keeps the table, since every change replaces
+// the whole of it) and an eventfd bound to that GSI (KVM_IRQFD).
+type Router interface {
+	// AllocGSI reserves a GSI for an MSI route.
+	AllocGSI() (uint32, error)
+	// SetMSIRoute points gsi at the MSI message (address low/high, data).
+	SetMSIRoute(gsi uint32, addrLo, addrHi, data uint32) error
+	// AssignIRQFD makes a write to eventFD inject gsi.
+	AssignIRQFD(eventFD int, gsi uint32) error
+	// DeassignIRQFD undoes AssignIRQFD.
+	DeassignIRQFD(eventFD int, gsi uint32) error
+}
+
+// Notifier is what the VM provides so guest doorbell writes signal an eventfd
+// inside KVM (KVM_IOEVENTFD on the MMIO bus) instead of exiting to hpcvmm.
+type Notifier interface {
+	// RegisterIOEventFD binds writes of length bytes at addr (0 = any length)
+	// to eventFD, only those carrying datamatch when useDatamatch.
+	RegisterIOEventFD(addr uint64, length uint32, eventFD int, datamatch uint64, useDatamatch bool) error
+	// UnregisterIOEventFD removes a binding made with the same arguments.
+	UnregisterIOEventFD(addr uint64, length uint32, eventFD int, datamatch uint64, useDatamatch bool) error
+}
+
+// NewEventFD returns a close-on-exec, non-blocking eventfd.
+func NewEventFD() (int, error) {
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return -1, fmt.Errorf("irq: eventfd: %w", err)
+	}
+	return fd, nil
+}
+
+var eventOne = [8]byte{1}
+
+// SignalEventFD adds 1 to an eventfd. EAGAIN (the counter is at its
+// maximum) means the reader has plenty to see already, so it is not an error.
+func SignalEventFD(fd int) error {
+	_, err := unix.Write(fd, eventOne[:])
+	if err != nil && !errors.Is(err, unix.EAGAIN) {
+		return err
+	}
+	return nil
+}
+
+// DrainEventFD resets an eventfd's counter and reports whether it was set.
+// buf must have room for 8 bytes; passing it in keeps the call
+// allocation-free.
+func DrainEventFD(fd int, buf []byte) bool {
+	n, err := unix.Read(fd, buf[:8])
+	return err == nil && n == 8
+}
+
+type irqfdVector struct {
+	fd       int
+	gsi      uint32
+	hasGSI   bool
+	assigned bool
+}
+
+// Vectors is an msix.Target that delivers each vector through its own eventfd
+// bound to a KVM GSI: Signal is one eventfd write, and the guest's masking
+// is applied to KVM's routing with the ordering that never injects a stale
+// or masked message: when masking, deassign the irqfd before touching the
+// route; when unmasking, set the route and then assign the irqfd.
+type Vectors struct {
+	router  Router
+	onError func(error)
+	vecs    []irqfdVector
+}
+
+// NewVectors creates one eventfd per vector. onError (may be nil) hears about
+// routing failures, which have no other way out of a guest MMIO write.
+func NewVectors(router Router, vectors int, onError func(error)) (*Vectors, error) {
+	t := &Vectors{router: router, onError: onError, vecs: make([]irqfdVector, vectors)}
+	for i := range t.vecs {
+		t.vecs[i].fd = -1
+	}
+	for i := range t.vecs {
+		fd, err := NewEventFD()
+		if err != nil {
+			t.Close()
+			return nil, fmt.Errorf("irq: MSI-X vector %d: %w", i, err)
+		}
+		t.vecs[i].fd = fd
+	}
+	return t, nil
+}
+
+func (t *Vectors) report(err error) {
+	if t.onError != nil {
+		t.onError(err)
+	}
+}
+
+// VectorChanged implements msix.Target.
+func (t *Vectors) VectorChanged(vector int, msg MSIMessage) {
+	if vector < 0 || vector >= len(t.vecs) {
+		return
+	}
+	v := &t.vecs[vector]
+	if msg.Masked {
+		if v.assigned {
+			if err := t.router.DeassignIRQFD(v.fd, v.gsi); err != nil {
+				t.report(fmt.Errorf("irq: mask MSI-X vector %d (gsi %d): %w", vector, v.gsi, err))
+				return
+			}
+			v.assigned = false
+		}
+		return
+	}
+	if !v.hasGSI {
+		gsi, err := t.router.AllocGSI()
+		if err != nil {
+			t.report(fmt.Errorf("irq: MSI-X vector %d: allocate GSI: %w", vector, err))
+			return
+		}
+		v.gsi, v.hasGSI = gsi, true
+	}
+	if err := t.router.SetMSIRoute(v.gsi, uint32(msg.Addr), uint32(msg.Addr>>32), msg.Data); err != nil {
+		t.report(fmt.Errorf("irq: MSI-X vector %d: route gsi %d to %#x/%#x: %w", vector, v.gsi, msg.Addr, msg.Data, err))
+		return
+	}
+	if !v.assigned {
+		if err := t.router.AssignIRQFD(v.fd, v.gsi); err != nil {
+			t.report(fmt.Errorf("irq: unmask MSI-X vector %d (gsi %d): %w", vector, v.gsi, err))
+			return
+		}
+		v.assigned = true
+	}
+}
+
+// ControlChanged implements msix.Target; per-vector effective masks already
+// carry the enable and function-mask state.
+func (t *Vectors) ControlChanged(enabled, functionMasked bool) {}
+
+// Signal implements msix.Target: one eventfd write, no allocation.
+func (t *Vectors) Signal(vector int) {
+	if vector < 0 || vector >= len(t.vecs) {
+		return
+	}
+	if err := SignalEventFD(t.vecs[vector].fd); err != nil {
+		t.report(fmt.Errorf("irq: signal MSI-X vector %d: %w", vector, err))
+	}
+}
+
+// EventFD returns vector's eventfd (for tests and diagnostics).
+func (t *Vectors) EventFD(vector int) int { return t.vecs[vector].fd }
+
+// Close deassigns every irqfd and closes the eventfds. GSIs stay reserved in
+// the VM's table: the VM is going away when devices close.
+func (t *Vectors) Close() error {
+	var errs []error
+	for i := range t.vecs {
+		v := &t.vecs[i]
+		if v.assigned {
+			if err := t.router.DeassignIRQFD(v.fd, v.gsi); err != nil {
+				errs = append(errs, fmt.Errorf("irq: close MSI-X vector %d: %w", i, err))
+			}
+			v.assigned = false
+		}
+		if v.fd >= 0 {
+			unix.Close(v.fd)
+			v.fd = -1
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// MSIMessage is one MSI or MSI-X vector as the guest programmed it. Masked
+// is the effective mask: the entry's mask bit, the function mask, or MSI-X
+// disabled.
+type MSIMessage struct {
+	Addr   uint64
+	Data   uint32
+	Masked bool
+}

@@ -1,0 +1,477 @@
+// Package pci is hpcvmm's PCI root complex: a host bridge on bus 0 with
+// endpoints at slots 1-31, configuration access through mechanism #1 (ports
+// 0xcf8-0xcff) and ECAM (MMCONFIG), BAR sizing and decode the way firmware
+// and Linux expect, initial BAR placement (there is no firmware, and Linux
+// keeps BARs it finds assigned, by addrspace.Plan) and capability lists. The
+// MSI-X capability is package pci/msix; interrupt delivery is package irq.
+//
+// Linux discovers ECAM only through an ACPI MCFG table, which hpcvmm does not
+// build yet, so today's guests use configuration mechanism #1 and see the
+// 256-byte conventional space. The ECAM window is implemented and serves the
+// full 4 KiB extended space; once an MCFG table (and an e820/ACPI reservation
+// of the window) exists, registering Root.ECAM() at addrspace.ECAMBase is all it takes.
+//
+// The Root registers BAR ranges on the MMIO and port-I/O address spaces while
+// the guest programs them (sizing, moving, toggling decode in the command
+// register). Those changes happen on a vCPU thread during a configuration
+// access, so the address spaces given to NewRoot must tolerate Register and
+// Unregister concurrently with dispatch on other vCPUs.
+package pci
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+
+	"github.com/hpcvmm/hpcvmm/addrspace"
+	"github.com/hpcvmm/hpcvmm/bus"
+)
+
+// Fixed guest addresses of the configuration mechanisms.
+const (
+	// ConfigIOPort is the base of the mechanism #1 ports: the address dword
+	// at 0xcf8 and the data window 0xcfc-0xcff.
+	ConfigIOPort = 0xcf8
+	// ConfigIOSize is the span Root.ConfigIO serves.
+	ConfigIOSize = 8
+	// ECAMBusSize is the ECAM span of one bus (32 devices x 8 functions x 4 KiB).
+	ECAMBusSize = 1 << 20
+	// ECAMSize covers all 256 buses, as an MCFG entry for segment 0 would.
+	ECAMSize = 256 * ECAMBusSize
+	// NumSlots is the number of device numbers on bus 0; slot 0 is the host bridge.
+	NumSlots = 32
+)
+
+// Device is a PCI endpoint (function 0 of a slot on bus 0). *ConfigSpace
+// implements all of it, so endpoints embed one and override what they need.
+type Device interface {
+	// ConfigRead fills data from configuration offset (0-4095; any width).
+	ConfigRead(offset uint32, data []byte)
+	// ConfigWrite applies a guest write at offset.
+	ConfigWrite(offset uint32, data []byte)
+	// BARHandler returns the bus.Device serving BAR bar's accesses, or nil
+	// when the endpoint maps that BAR itself.
+	BARHandler(bar int) bus.Device
+	// BARMapped reports that BAR bar started (mapped) or stopped decoding at
+	// addr: the endpoint moves what depends on the address, such as
+	// ioeventfds or direct mappings.
+	BARMapped(bar int, addr uint64, mapped bool)
+}
+
+// AddressSpace is where the Root registers decoded BARs. *bus.Bus implements
+// it; the VM wraps it to make registration safe against concurrent dispatch.
+type AddressSpace interface {
+	Register(base, size uint64, name string, dev bus.Device) error
+	Unregister(base uint64) bool
+}
+
+// RootConfig configures NewRoot.
+type RootConfig struct {
+	// MMIO and PIO receive memory and I/O BAR registrations. Either may be
+	// nil if no device has BARs of that kind.
+	MMIO, PIO AddressSpace
+	// OnError, if set, hears about guest-caused problems that have no other
+	// way out of a configuration write (a BAR programmed over another
+	// device's range). It runs under the Root's lock.
+	OnError func(error)
+}
+
+type barState struct {
+	kind    BARKind
+	size    uint64
+	handler bus.Device
+	mapped  bool   // decoding and registered
+	base    uint64 // where it is registered
+}
+
+type slot struct {
+	dev  Device
+	name string
+	bars [NumBARs]barState
+}
+
+// Root is the PCI root complex: bus 0 with a host bridge at 00:00.0.
+type Root struct {
+	mu    sync.Mutex
+	cfg   RootConfig
+	addr  uint32 // mechanism #1 CONFIG_ADDRESS
+	slots [NumSlots]*slot
+}
+
+// HostBridgeID is the host bridge's vendor:device: Red Hat's generic PCIe
+// host bridge ID, which no guest driver binds to, so no chipset quirk runs.
+// Linux's conf1 sanity check accepts it by its class (0x0600, host bridge).
+const (
+	HostBridgeVendor = 0x1b36
+	HostBridgeDevice = 0x0008
+)
+
+// NewRoot returns a root complex with its host bridge at slot 0.
+func NewRoot(cfg RootConfig) *Root {
+	r := &Root{cfg: cfg}
+	hb := NewConfigSpace(Header{VendorID: HostBridgeVendor, DeviceID: HostBridgeDevice, Class: 0x060000})
+	r.slots[0] = &slot{dev: hb, name: "00:00.0 host bridge"}
+	return r
+}
+
+// AddDevice places dev at bus 0, slot (1-31), function 0 and probes its BARs
+// with the sizing protocol, as firmware would. name labels bus ranges.
+func (r *Root) AddDevice(slotNum int, name string, dev Device) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if slotNum < 1 || slotNum >= NumSlots {
+		return fmt.Errorf("pci: add %s at slot %d: slot must be 1-%d (0 is the host bridge)", name, slotNum, NumSlots-1)
+	}
+	if r.slots[slotNum] != nil {
+		return fmt.Errorf("pci: add %s at slot %d: slot taken by %s", name, slotNum, r.slots[slotNum].name)
+	}
+	s := &slot{dev: dev, name: fmt.Sprintf("00:%02x.0 %s", slotNum, name)}
+	probeBARs(s)
+	r.slots[slotNum] = s
+	r.update(s)
+	return nil
+}
+
+func cfgRead32(d Device, off uint32) uint32 {
+	var b [4]byte
+	d.ConfigRead(off, b[:])
+	return binary.LittleEndian.Uint32(b[:])
+}
+
+func cfgWrite32(d Device, off uint32, v uint32) {
+	var b [4]byte
+	binary.LittleEndian.PutUint32(b[:], v)
+	d.ConfigWrite(off, b[:])
+}
+
+func cfgRead16(d Device, off uint32) uint16 {
+	var b [2]byte
+	d.ConfigRead(off, b[:])
+	return binary.LittleEndian.Uint16(b[:])
+}
+
+func cfgWrite16(d Device, off uint32, v uint16) {
+	var b [2]byte
+	binary.LittleEndian.PutUint16(b[:], v)
+	d.ConfigWrite(off, b[:])
+}
+
+// probeBARs sizes every BAR through the device's own configuration space
+// (decode off, write all ones, read back, restore), so endpoints that
+// emulate BARs differently (passthrough) are handled alike.
+func probeBARs(s *slot) {
+	d := s.dev
+	cmd := cfgRead16(d, RegCommand)
+	cfgWrite16(d, RegCommand, cmd&^(CommandIO|CommandMemory))
+	for i := 0; i < NumBARs; i++ {
+		off := uint32(RegBAR0 + 4*i)
+		orig := cfgRead32(d, off)
+		cfgWrite32(d, off, 0xffffffff)
+		v := cfgRead32(d, off)
+		cfgWrite32(d, off, orig)
+		if v == 0 || v == 0xffffffff {
+			continue
+		}
+		st := &s.bars[i]
+		st.handler = d.BARHandler(i)
+		if v&1 != 0 {
+			st.kind = BARIO
+			st.size = uint64(^(v &^ 3) + 1)
+			if v&0xffff0000 == 0 { // 16-bit I/O decoder
+				st.size = uint64((^(v &^ 3) + 1) & 0xffff)
+			}
+			continue
+		}
+		if v&0x6 == 0x4 && i+1 < NumBARs {
+			hiOff := off + 4
+			hiOrig := cfgRead32(d, hiOff)
+			cfgWrite32(d, hiOff, 0xffffffff)
+			hi := cfgRead32(d, hiOff)
+			cfgWrite32(d, hiOff, hiOrig)
+			mask := uint64(hi)<<32 | uint64(v&^0xf)
+			st.kind = BARMem64
+			st.size = ^mask + 1
+			s.bars[i+1].kind = barMem64Upper
+			i++
+			continue
+		}
+		st.kind = BARMem32
+		st.size = uint64(^(v &^ 0xf) + 1)
+	}
+	cfgWrite16(d, RegCommand, cmd)
+}
+
+// barAddr returns the address BAR i of s is programmed to.
+func barAddr(s *slot, i int) uint64 {
+	off := uint32(RegBAR0 + 4*i)
+	v := cfgRead32(s.dev, off)
+	switch s.bars[i].kind {
+	case BARIO:
+		return uint64(v &^ 3)
+	case BARMem64:
+		return uint64(cfgRead32(s.dev, off+4))<<32 | uint64(v&^0xf)
+	}
+	return uint64(v &^ 0xf)
+}
+
+// update brings the bus registrations of s in line with its BAR registers and
+// command register. A BAR decodes when its space is enabled and it holds a
+// non-zero address (zero is "unassigned"; a BAR never legitimately sits on
+// the bottom of RAM).
+func (r *Root) update(s *slot) {
+	cmd := cfgRead16(s.dev, RegCommand)
+	for i := 0; i < NumBARs; i++ {
+		st := &s.bars[i]
+		if st.kind == BARNone || st.kind == barMem64Upper {
+			continue
+		}
+		as := r.cfg.MMIO
+		enabled := cmd&CommandMemory != 0
+		if st.kind == BARIO {
+			as = r.cfg.PIO
+			enabled = cmd&CommandIO != 0
+		}
+		addr := barAddr(s, i)
+		want := enabled && addr != 0 && addr+st.size > addr
+		if want == st.mapped && (!want || addr == st.base) {
+			continue
+		}
+		if st.mapped {
+			if st.handler != nil && as != nil {
+				as.Unregister(st.base)
+			}
+			st.mapped = false
+			s.dev.BARMapped(i, st.base, false)
+		}
+		if !want {
+			continue
+		}
+		if st.handler != nil {
+			if as == nil {
+				r.report(fmt.Errorf("pci: %s BAR%d (%s): no address space for this BAR kind", s.name, i, st.kind))
+				continue
+			}
+			// Guests do program BARs on top of other ranges transiently (the
+			// sizing all-ones value with decode still on); the BAR then stays
+			// unmapped until the next configuration write makes it valid.
+			if err := as.Register(addr, st.size, fmt.Sprintf("%s BAR%d", s.name, i), st.handler); err != nil {
+				r.report(fmt.Errorf("pci: %s BAR%d at %#x: %w", s.name, i, addr, err))
+				continue
+			}
+		}
+		st.mapped = true
+		st.base = addr
+		s.dev.BARMapped(i, addr, true)
+	}
+}
+
+func (r *Root) report(err error) {
+	if r.cfg.OnError != nil {
+		r.cfg.OnError(err)
+	}
+}
+
+// lookup returns the slot for bus/device/function, or nil when nothing is
+// there (reads as all ones, as an absent function does on real hardware).
+func (r *Root) lookup(busNum, dev, fn uint32) *slot {
+	if busNum != 0 || fn != 0 || dev >= NumSlots {
+		return nil
+	}
+	return r.slots[dev]
+}
+
+func (r *Root) configRead(busNum, dev, fn, reg uint32, data []byte) {
+	s := r.lookup(busNum, dev, fn)
+	if s == nil {
+		for i := range data {
+			data[i] = 0xff
+		}
+		return
+	}
+	s.dev.ConfigRead(reg, data)
+}
+
+func (r *Root) configWrite(busNum, dev, fn, reg uint32, data []byte) {
+	s := r.lookup(busNum, dev, fn)
+	if s == nil {
+		return
+	}
+	s.dev.ConfigWrite(reg, data)
+	r.update(s)
+}
+
+// ConfigIO returns the mechanism #1 device for the port-I/O bus at
+// ConfigIOPort, size ConfigIOSize.
+func (r *Root) ConfigIO() bus.Device { return conf1{r} }
+
+// ECAM returns the memory-mapped configuration device for an MMIO window of
+// ECAMSize bytes (or a multiple of ECAMBusSize for fewer buses) at ECAMBase.
+func (r *Root) ECAM() bus.Device { return ecam{r} }
+
+type conf1 struct{ r *Root }
+
+// Read serves CONFIG_ADDRESS (offsets 0-3, any width) and CONFIG_DATA
+// (offsets 4-7, byte/word/dword inside the dword).
+func (c conf1) Read(offset uint64, data []byte) {
+	r := c.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if offset < 4 {
+		var b [4]byte
+		binary.LittleEndian.PutUint32(b[:], r.addr)
+		for i := range data {
+			if offset+uint64(i) < 4 {
+				data[i] = b[offset+uint64(i)]
+			} else {
+				data[i] = 0xff
+			}
+		}
+		return
+	}
+	busNum, dev, fn, reg, ok := c.decode(offset, len(data))
+	if !ok {
+		for i := range data {
+			data[i] = 0xff
+		}
+		return
+	}
+	r.configRead(busNum, dev, fn, reg, data)
+}
+
+// Write latches CONFIG_ADDRESS on dword writes to 0xcf8 (narrower writes
+// there are not address writes on real chipsets, e.g. Linux's probe pokes
+// 0xcfb with a byte) and forwards CONFIG_DATA writes.
+func (c conf1) Write(offset uint64, data []byte) {
+	r := c.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if offset < 4 {
+		if offset == 0 && len(data) == 4 {
+			r.addr = binary.LittleEndian.Uint32(data) &^ 0x70000003 // reserved bits read as zero
+		}
+		return
+	}
+	busNum, dev, fn, reg, ok := c.decode(offset, len(data))
+	if !ok {
+		return
+	}
+	r.configWrite(busNum, dev, fn, reg, data)
+}
+
+// decode splits CONFIG_ADDRESS; bits 27:24 extend the register number to 4
+// KiB (the AMD extension Linux uses on AMD family 10h+ hosts).
+func (c conf1) decode(offset uint64, n int) (busNum, dev, fn, reg uint32, ok bool) {
+	a := c.r.addr
+	k := uint32(offset - 4)
+	if a&0x80000000 == 0 || n == 0 || k+uint32(n) > 4 {
+		return 0, 0, 0, 0, false
+	}
+	reg = (a & 0xfc) | (a>>16)&0xf00
+	return (a >> 16) & 0xff, (a >> 11) & 0x1f, (a >> 8) & 0x7, reg + k, true
+}
+
+type ecam struct{ r *Root }
+
+func ecamDecode(offset uint64, n int) (busNum, dev, fn, reg uint32, ok bool) {
+	reg = uint32(offset & 0xfff)
+	if n == 0 || n > 4 || reg+uint32(n) > ConfigSize || offset >= ECAMSize {
+		return 0, 0, 0, 0, false
+	}
+	return uint32(offset>>20) & 0xff, uint32(offset>>15) & 0x1f, uint32(offset>>12) & 0x7, reg, true
+}
+
+// Read serves an ECAM read: offset = bus<<20 | dev<<15 | fn<<12 | register.
+func (e ecam) Read(offset uint64, data []byte) {
+	busNum, dev, fn, reg, ok := ecamDecode(offset, len(data))
+	if !ok {
+		for i := range data {
+			data[i] = 0xff
+		}
+		return
+	}
+	e.r.mu.Lock()
+	defer e.r.mu.Unlock()
+	e.r.configRead(busNum, dev, fn, reg, data)
+}
+
+// Write serves an ECAM write.
+func (e ecam) Write(offset uint64, data []byte) {
+	busNum, dev, fn, reg, ok := ecamDecode(offset, len(data))
+	if !ok {
+		return
+	}
+	e.r.mu.Lock()
+	defer e.r.mu.Unlock()
+	e.r.configWrite(busNum, dev, fn, reg, data)
+}
+
+// AssignBARs places every unassigned BAR of the added devices in the
+// guest's windows by addrspace.Plan (largest first, each at the lowest free
+// naturally aligned address of its window: the rule preflight predicts
+// with), then enables decode for the spaces each device uses, as firmware
+// does; Linux keeps these assignments. Call it once after adding devices,
+// before the guest runs.
+func (r *Root) AssignBARs(w addrspace.Windows) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	type ref struct {
+		s   *slot
+		bar int
+	}
+	var refs []ref
+	var reqs []addrspace.BAR
+	for _, s := range r.slots[1:] {
+		if s == nil {
+			continue
+		}
+		for i, st := range s.bars {
+			if st.kind == BARNone || st.kind == barMem64Upper || barAddr(s, i) != 0 {
+				continue
+			}
+			kind := addrspace.Mem32
+			switch st.kind {
+			case BARMem64:
+				kind = addrspace.Mem64
+			case BARIO:
+				kind = addrspace.IO
+			}
+			refs = append(refs, ref{s, i})
+			reqs = append(reqs, addrspace.BAR{Owner: s.name, Index: i, Kind: kind, Size: st.size})
+		}
+	}
+	addrs, err := addrspace.Plan(w, reqs)
+	if err != nil {
+		return fmt.Errorf("pci: assign BARs: %w", err)
+	}
+	touched := map[*slot]uint16{}
+	for i, q := range refs {
+		off := uint32(RegBAR0 + 4*q.bar)
+		cfgWrite32(q.s.dev, off, uint32(addrs[i]))
+		bit := uint16(CommandMemory)
+		switch reqs[i].Kind {
+		case addrspace.Mem64:
+			cfgWrite32(q.s.dev, off+4, uint32(addrs[i]>>32))
+		case addrspace.IO:
+			bit = CommandIO
+		}
+		touched[q.s] |= bit
+	}
+	for s, bits := range touched {
+		cmd := cfgRead16(s.dev, RegCommand)
+		cfgWrite16(s.dev, RegCommand, cmd|bits)
+		r.update(s)
+	}
+	return nil
+}
+
+// BARAddress reports where BAR bar of the device at slotNum is programmed and
+// whether it decodes there, for diagnostics and tests.
+func (r *Root) BARAddress(slotNum, bar int) (addr uint64, mapped bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if slotNum < 0 || slotNum >= NumSlots || r.slots[slotNum] == nil || bar < 0 || bar >= NumBARs {
+		return 0, false
+	}
+	st := r.slots[slotNum].bars[bar]
+	return st.base, st.mapped
+}

@@ -1,0 +1,340 @@
+package platform
+
+import (
+	"bytes"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hpcvmm/hpcvmm/bus"
+)
+
+var _ bus.Device = (*Serial)(nil)
+
+type serialRig struct {
+	s    *Serial
+	out  *bytes.Buffer
+	irqs atomic.Int32
+}
+
+func newSerialRig() *serialRig {
+	r := &serialRig{out: &bytes.Buffer{}}
+	r.s = NewSerial(r.out, func() { r.irqs.Add(1) })
+	return r
+}
+
+func (r *serialRig) in(reg uint64) byte {
+	b := []byte{0}
+	r.s.Read(reg, b)
+	return b[0]
+}
+
+func (r *serialRig) outb(reg uint64, v byte) { r.s.Write(reg, []byte{v}) }
+
+// linuxProbe replays the UART detection of Linux's 8250 driver
+// (drivers/tty/serial/8250/8250_port.c: autoconfig, autoconfig_16550a) and
+// returns the type it would settle on.
+func linuxProbe(t *testing.T, r *serialRig) string {
+	t.Helper()
+	// Existence test through IER.
+	scratch := r.in(regIER)
+	r.outb(regIER, 0)
+	scratch2 := r.in(regIER) & 0x0f
+	r.outb(regIER, 0x0f)
+	scratch3 := r.in(regIER) & 0x0f
+	r.outb(regIER, scratch)
+	if scratch2 != 0 || scratch3 != 0x0f {
+		return "none (IER test)"
+	}
+	saveMCR, saveLCR := r.in(regMCR), r.in(regLCR)
+	// Loopback test: LOOP|OUT2|RTS must read back as DCD|CTS.
+	r.outb(regMCR, mcrLoop|0x0a)
+	status1 := r.in(regMSR) & 0xf0
+	r.outb(regMCR, saveMCR)
+	if status1 != msrDCD|msrCTS {
+		return "none (loopback test)"
+	}
+	// FIFO detection through IIR bits 6-7.
+	r.outb(regLCR, 0xbf)
+	r.outb(regFCR, 0) // EFR on enhanced parts
+	r.outb(regLCR, 0)
+	r.outb(regFCR, fcrEnable)
+	kind := r.in(regIIR) >> 6
+	r.outb(regLCR, saveLCR)
+	if kind != 3 {
+		return [...]string{"8250/16450", "unknown", "16550"}[kind]
+	}
+	// autoconfig_16550a: EFR under DLAB must read as non-zero (it is IIR).
+	r.outb(regLCR, 0x80)
+	if r.in(regFCR) == 0 {
+		return "16650 family"
+	}
+	r.outb(regLCR, 0xbf)
+	if r.in(regFCR) == 0 {
+		return "EFRv2 part"
+	}
+	// National Semiconductor SuperIO: EXCR1 under LCR 0xE0 tracks MCR.LOOP.
+	r.outb(regLCR, 0)
+	st1 := r.in(regMCR)
+	r.outb(regLCR, 0xe0)
+	st2 := r.in(regFCR)
+	if (st2^st1)&mcrLoop == 0 {
+		r.outb(regLCR, 0)
+		r.outb(regMCR, st1^mcrLoop)
+		r.outb(regLCR, 0xe0)
+		st2 = r.in(regFCR)
+		r.outb(regLCR, 0)
+		r.outb(regMCR, st1)
+		if (st2^st1)&mcrLoop != 0 {
+			return "NS16550A"
+		}
+	}
+	// TI16750: 64-byte FIFO bit 5 settable only with DLAB.
+	r.outb(regLCR, 0)
+	r.outb(regFCR, fcrEnable|0x20)
+	s1 := r.in(regIIR) & 0xe0
+	r.outb(regFCR, fcrEnable)
+	r.outb(regLCR, 0x80)
+	r.outb(regFCR, fcrEnable|0x20)
+	s2 := r.in(regIIR) & 0xe0
+	r.outb(regFCR, fcrEnable)
+	r.outb(regLCR, 0)
+	if s1 == 0xc0 && s2 == 0xe0 {
+		return "16750"
+	}
+	// XScale: IER bit 6 (UUE) writable.
+	ier := r.in(regIER)
+	r.outb(regIER, ier&^0x40)
+	if r.in(regIER)&0x40 == 0 {
+		r.outb(regIER, ier|0x40)
+		if r.in(regIER)&0x40 != 0 {
+			return "XScale"
+		}
+	}
+	r.outb(regIER, ier)
+	// Scratch register.
+	r.outb(regSCR, 0xa5)
+	if r.in(regSCR) != 0xa5 {
+		return "no scratch"
+	}
+	return "16550A"
+}
+
+func TestSerialLinuxProbe(t *testing.T) {
+	r := newSerialRig()
+	assert.Equal(t, "16550A", linuxProbe(t, r))
+	assert.Empty(t, r.out.String(), "probing transmits nothing")
+	assert.Equal(t, byte(0), r.in(regMCR)&mcrLoop, "probe restored MCR")
+}
+
+// TestSerialTHRETest replays the THRE re-assertion test of Linux's
+// serial8250_do_startup; a UART failing it gets a polling timer.
+func TestSerialTHRETest(t *testing.T) {
+	r := newSerialRig()
+	r.outb(regFCR, fcrEnable)
+	require.NotZero(t, r.in(regLSR)&lsrTHRE)
+	r.outb(regIER, ierTHRI)
+	iir1 := r.in(regIIR)
+	r.outb(regIER, 0)
+	r.outb(regIER, ierTHRI)
+	iir := r.in(regIIR)
+	r.outb(regIER, 0)
+	assert.Equal(t, byte(iirFIFO|iirTHRI), iir1)
+	assert.Equal(t, byte(iirFIFO|iirTHRI), iir, "THRE re-asserted on re-enable")
+	assert.Equal(t, int32(2), r.irqs.Load(), "each enable with THR empty pulses the irq")
+}
+
+func TestSerialOutput(t *testing.T) {
+	r := newSerialRig()
+	for _, c := range []byte("hello, world\n") {
+		r.outb(regTHR, c)
+	}
+	assert.Equal(t, "hello, world\n", r.out.String())
+	assert.Equal(t, int32(0), r.irqs.Load(), "THRI disabled: no interrupts")
+	assert.Equal(t, byte(lsrTHRE|lsrTEMT), r.in(regLSR))
+
+	// With THRI enabled every write re-raises THR empty.
+	r.outb(regIER, ierTHRI)
+	base := r.irqs.Load()
+	assert.Equal(t, byte(iirTHRI), r.in(regIIR))
+	assert.Equal(t, byte(iirNoInt), r.in(regIIR), "reading IIR acknowledged THRE")
+	r.outb(regTHR, 'x')
+	assert.Equal(t, base+1, r.irqs.Load())
+	assert.Equal(t, byte(iirTHRI), r.in(regIIR))
+	r.outb(regIER, ierTHRI) // unchanged: no new interrupt
+	assert.Equal(t, base+1, r.irqs.Load())
+}
+
+func TestSerialDivisorLatch(t *testing.T) {
+	r := newSerialRig()
+	r.outb(regLCR, lcrDLAB|0x03)
+	r.outb(regDLL, 0x01)
+	r.outb(regDLM, 0x02)
+	assert.Equal(t, byte(0x01), r.in(regDLL))
+	assert.Equal(t, byte(0x02), r.in(regDLM))
+	assert.Empty(t, r.out.String(), "THR write under DLAB sets the divisor")
+	r.outb(regLCR, 0x03)
+	assert.Equal(t, byte(0), r.in(regIER), "IER untouched by the DLM write")
+	assert.Equal(t, byte(0x03), r.in(regLCR))
+	r.outb(regIER, 0xff)
+	assert.Equal(t, byte(ierMask), r.in(regIER), "reserved IER bits read as 0")
+}
+
+func TestSerialInput(t *testing.T) {
+	r := newSerialRig()
+	r.s.Input([]byte("ab"))
+	assert.Equal(t, int32(0), r.irqs.Load(), "RDI disabled")
+	assert.NotZero(t, r.in(regLSR)&lsrDR)
+	assert.Equal(t, byte(iirNoInt), r.in(regIIR))
+
+	r.outb(regIER, ierRDI)
+	assert.Equal(t, int32(1), r.irqs.Load(), "enabling RDI with data waiting")
+	assert.Equal(t, byte(iirRDI), r.in(regIIR))
+	assert.Equal(t, byte('a'), r.in(regRBR))
+	assert.Equal(t, byte('b'), r.in(regRBR))
+	assert.Zero(t, r.in(regLSR)&lsrDR)
+	assert.Equal(t, byte(iirNoInt), r.in(regIIR))
+
+	r.s.Input([]byte("c"))
+	assert.Equal(t, int32(2), r.irqs.Load())
+	assert.Equal(t, byte(lsrDR|lsrTHRE|lsrTEMT), r.in(regLSR))
+	assert.Equal(t, byte('c'), r.in(regRBR))
+	assert.Equal(t, byte('c'), r.in(regRBR), "empty RBR repeats the last byte")
+
+	r.s.Input(nil)
+	assert.Equal(t, int32(2), r.irqs.Load())
+
+	// FCR clear-receive discards queued input.
+	r.s.Input([]byte("zz"))
+	r.outb(regFCR, fcrEnable|fcrClearRx)
+	assert.Zero(t, r.in(regLSR)&lsrDR)
+}
+
+func TestSerialOverrun(t *testing.T) {
+	r := newSerialRig()
+	r.outb(regIER, ierRLSI)
+	r.s.Input(make([]byte, rxCap+1))
+	assert.Equal(t, byte(iirRLSI), r.in(regIIR))
+	assert.Equal(t, byte(lsrOE|lsrDR|lsrTHRE|lsrTEMT), r.in(regLSR))
+	assert.Equal(t, byte(lsrDR|lsrTHRE|lsrTEMT), r.in(regLSR), "reading LSR clears OE")
+	assert.Equal(t, byte(iirNoInt), r.in(regIIR))
+}
+
+func TestSerialIIRPriority(t *testing.T) {
+	r := newSerialRig()
+	r.outb(regIER, ierRDI|ierTHRI|ierRLSI|ierMSI)
+	r.s.Input(make([]byte, rxCap+1)) // data and an overrun
+	r.outb(regMCR, mcrLoop)          // CTS, DSR and DCD drop: modem-status change
+
+	assert.Equal(t, byte(iirRLSI), r.in(regIIR), "line status first")
+	r.in(regLSR)
+	assert.Equal(t, byte(iirRDI), r.in(regIIR), "then received data")
+	r.outb(regFCR, fcrClearRx)
+	assert.Equal(t, byte(iirTHRI), r.in(regIIR), "then THR empty")
+	assert.Equal(t, byte(iirMSI), r.in(regIIR), "then modem status")
+	assert.Equal(t, byte(msrDCTS|msrDDSR|msrDDCD), r.in(regMSR))
+	assert.Equal(t, byte(iirNoInt), r.in(regIIR), "reading MSR cleared the delta")
+}
+
+func TestSerialLoopback(t *testing.T) {
+	r := newSerialRig()
+	r.outb(regIER, ierRDI)
+	r.outb(regMCR, mcrLoop)
+	r.in(regMSR) // clear the deltas of entering loopback
+	n := r.irqs.Load()
+	r.outb(regTHR, 'L')
+	assert.Empty(t, r.out.String(), "loopback keeps bytes inside the chip")
+	assert.Equal(t, n+1, r.irqs.Load())
+	assert.Equal(t, byte('L'), r.in(regRBR))
+
+	r.outb(regMCR, mcrLoop|mcrDTR|mcrOUT1)
+	assert.Equal(t, byte(msrDSR|msrRI|msrDDSR), r.in(regMSR))
+	r.outb(regMCR, mcrLoop)
+	assert.Equal(t, byte(msrDDSR|msrTERI), r.in(regMSR), "RI trailing edge")
+	r.outb(regMCR, 0)
+	assert.Equal(t, byte(msrDCD|msrDSR|msrCTS), r.in(regMSR)&0xf0, "outside loopback the line looks connected")
+}
+
+func TestSerialWideAccess(t *testing.T) {
+	r := newSerialRig()
+	// A 16-bit write at SCR-1 covers MSR (ignored) and SCR.
+	r.s.Write(regMSR, []byte{0x00, 0x5a})
+	assert.Equal(t, byte(0x5a), r.in(regSCR))
+	d := []byte{0, 0, 0, 0}
+	r.s.Read(regLSR, d)
+	assert.Equal(t, []byte{lsrTHRE | lsrTEMT, msrDCD | msrDSR | msrCTS, 0x5a, 0xff}, d)
+	d = []byte{0}
+	r.s.Read(100, d)
+	assert.Equal(t, byte(0xff), d[0])
+}
+
+func TestSerialConcurrentInput(t *testing.T) {
+	r := newSerialRig()
+	r.outb(regIER, ierRDI)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; i < 1000; i++ {
+			r.s.Input([]byte{byte(i)})
+		}
+	}()
+	got := 0
+	for got < 1000 {
+		if r.in(regLSR)&lsrDR != 0 {
+			assert.Equal(t, byte(got), r.in(regRBR))
+			got++
+		}
+	}
+	wg.Wait()
+}
+
+func FuzzSerial(f *testing.F) {
+	f.Add([]byte{0, 'a', 1, 0x0f, 4, 0x10, 0, 'b', 2, 0x07}, []byte("in"))
+	f.Add([]byte{3, 0x80, 0, 1, 1, 2, 3, 3, 0xff, 0xff, 0xff}, []byte{})
+	f.Fuzz(func(t *testing.T, ops []byte, input []byte) {
+		r := newSerialRig()
+		r.s.Input(input)
+		// Each op: offset byte, width selector, value.
+		for i := 0; i+2 < len(ops); i += 3 {
+			off := uint64(ops[i])
+			if ops[i]&0x80 != 0 {
+				off = ^uint64(0) - uint64(ops[i]&0x7f) // offsets near the top of the range
+			}
+			width := int(ops[i+1] % 9)
+			data := bytes.Repeat([]byte{ops[i+2]}, width)
+			if ops[i+1]&0x80 != 0 {
+				r.s.Read(off, data)
+			} else {
+				r.s.Write(off, data)
+			}
+		}
+		if r.in(regLSR)&(lsrTHRE|lsrTEMT) != lsrTHRE|lsrTEMT {
+			t.Fatal("transmitter must always be empty")
+		}
+	})
+}
+
+func BenchmarkSerialTHRWrite(b *testing.B) {
+	s := NewSerial(discard{}, func() {})
+	s.Write(regIER, []byte{ierTHRI})
+	data := []byte{'x'}
+	b.ReportAllocs()
+	for b.Loop() {
+		s.Write(regTHR, data)
+	}
+}
+
+func TestSerialTHRWriteAllocs(t *testing.T) {
+	s := NewSerial(discard{}, func() {})
+	s.Write(regIER, []byte{ierTHRI})
+	data := []byte{'x'}
+	assert.Zero(t, testing.AllocsPerRun(1000, func() { s.Write(regTHR, data) }))
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
