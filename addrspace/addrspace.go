@@ -10,6 +10,7 @@
 //	[0, 3 GiB)             RAM (less when the guest is smaller)
 //	[3 GiB, 3.5 GiB)       32-bit MMIO window (Window32)
 //	[3.5 GiB, 3.75 GiB)    ECAM, 256 buses
+//	0xfeb00000             ACPI GED event register
 //	0xfec00000, 0xfee00000 IOAPIC, LAPIC
 //	[4 GiB, ...)           the rest of RAM
 //	[1 GiB-aligned end of RAM, 2^physbits)  64-bit MMIO window
@@ -36,6 +37,10 @@ const (
 	// ECAMBase is where the PCIe enhanced configuration window goes: inside
 	// the 32-bit hole, above Window32 and below the IOAPIC (0xfec00000).
 	ECAMBase = 0xe0000000
+
+	// GEDBase is the ACPI Generic Event Device's register block (package
+	// platform's GED), between ECAM's end (0xf0000000) and the IOAPIC.
+	GEDBase = 0xfeb00000
 
 	// IOWindowBase and IOWindowSize are the port range for I/O BARs, above
 	// every legacy ISA/platform port.

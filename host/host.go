@@ -36,6 +36,10 @@ type Layout struct {
 	// CPUOnline is the online CPU list (/sys/devices/system/cpu/online),
 	// used for the single pseudo-node of a kernel without NUMA.
 	CPUOnline string
+	// CPUs holds cpuN directories with topology/ and cache/
+	// (/sys/devices/system/cpu); empty in a capture, whose lscpu.txt
+	// (CPUInfo) describes the topology instead.
+	CPUs string
 	// Hugepages is the global hugepage pool directory (/sys/kernel/mm/hugepages),
 	// used when there is no per-node information.
 	Hugepages string
@@ -81,6 +85,7 @@ func StandardLayout(sysRoot, procRoot string) Layout {
 		PCIDevices:           filepath.Join(sysRoot, "bus/pci/devices"),
 		Nodes:                filepath.Join(sysRoot, "devices/system/node"),
 		CPUOnline:            filepath.Join(sysRoot, "devices/system/cpu/online"),
+		CPUs:                 filepath.Join(sysRoot, "devices/system/cpu"),
 		Hugepages:            filepath.Join(sysRoot, "kernel/mm/hugepages"),
 		IOMMUGroups:          filepath.Join(sysRoot, "kernel/iommu_groups"),
 		VFIOUnsafeInterrupts: filepath.Join(sysRoot, "module/vfio_iommu_type1/parameters/allow_unsafe_interrupts"),

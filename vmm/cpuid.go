@@ -1,8 +1,7 @@
 package vmm
 
 import (
-	"math/bits"
-
+	"github.com/hpcvmm/hpcvmm/cputopo"
 	"github.com/hpcvmm/hpcvmm/uapi"
 )
 
@@ -11,15 +10,16 @@ import (
 // as KVM can virtualise them, which is what HPC codes tuned for the host's
 // vector units need.
 const (
-	leafFeatures       = 0x1
-	leafCacheParams    = 0x4
-	leafTopology       = 0xb
-	leafTopologyV2     = 0x1f
-	leafKVMSignature   = 0x40000000
-	leafKVMFeatures    = 0x40000001
-	leafExtFeatures    = 0x80000001
-	leafAddressSizes   = 0x80000008
-	leafAMDTopologyExt = 0x8000001e
+	leafFeatures         = 0x1
+	leafCacheParams      = 0x4
+	leafTopology         = 0xb
+	leafTopologyV2       = 0x1f
+	leafKVMSignature     = 0x40000000
+	leafKVMFeatures      = 0x40000001
+	leafExtFeatures      = 0x80000001
+	leafAddressSizes     = 0x80000008
+	leafAMDCacheTopology = 0x8000001d
+	leafAMDTopologyExt   = 0x8000001e
 
 	featECXHypervisor = 1 << 31
 	featEDXHTT        = 1 << 28
@@ -35,23 +35,35 @@ const (
 // Linux looks for it to enable kvm-clock and the other paravirt features.
 var kvmSignature = [3]uint32{0x4b4d564b, 0x564b4d56, 0x0000004d}
 
-// guestCPUID returns the CPUID table for vCPU index of n: one package with n
-// cores, one thread each, APIC ID = index. The topology leaves (0x1, 0x4,
-// 0xB, 0x1F and AMD's 0x80000008/0x8000001E) all tell the same story, so
-// Linux's topology code, which cross-checks them, sees n CPUs in one
-// package. The host's physical address width (0x80000008 EAX) is passed
-// through unchanged: the 64-bit PCI window for large BARs is sized from it.
-func guestCPUID(supported []uapi.CPUIDEntry, index, n int) []uapi.CPUIDEntry {
-	coreShift := uint32(bits.Len(uint(n - 1))) // bits of APIC ID that number cores
-	apicID := uint32(index)
+// guestCPUID returns the CPUID table for vCPU index of topology top. The
+// topology leaves (0x1, 0x4, 0xB, 0x1F and AMD's 0x80000008, 0x8000001D,
+// 0x8000001E) all describe top's APIC ID layout (package cputopo), so
+// Linux's topology code, which cross-checks them, sees the same threads,
+// cores, shared caches and packages as MADT/SRAT. The host's physical
+// address width (0x80000008 EAX) is passed through unchanged: the 64-bit PCI
+// window for large BARs is sized from it.
+func guestCPUID(supported []uapi.CPUIDEntry, top cputopo.Topology, index int) []uapi.CPUIDEntry {
+	v := top.VCPUs[index]
+	apicID := v.APICID
+	pkgShift := top.PackageShift()
+	logical := uint32(top.LogicalPerPackage())
+	// cacheSharing is leaf 4/0x8000001D EAX[25:14] for a cache of level:
+	// one core's threads below the last level, the LLC domain at it.
+	cacheSharing := func(eax uint32) uint32 {
+		shift := top.ThreadBits
+		if (eax>>5)&0x7 >= 3 {
+			shift = top.LLCShift()
+		}
+		return eax&^(0xfff<<14) | (1<<shift-1)<<14
+	}
 	out := make([]uapi.CPUIDEntry, 0, len(supported)+6)
 	haveSignature := false
 	for _, e := range supported {
 		switch e.Function {
 		case leafFeatures:
-			e.EBX = e.EBX&0x0000ffff | apicID<<24 | uint32(min(n, 255))<<16
+			e.EBX = e.EBX&0x0000ffff | apicID<<24 | min(logical, 255)<<16
 			e.ECX |= featECXHypervisor
-			if n > 1 {
+			if logical > 1 {
 				e.EDX |= featEDXHTT
 			} else {
 				e.EDX &^= featEDXHTT
@@ -60,14 +72,7 @@ func guestCPUID(supported []uapi.CPUIDEntry, index, n int) []uapi.CPUIDEntry {
 			if e.EAX&0x1f == 0 { // no cache at this subleaf
 				break
 			}
-			e.EAX = e.EAX&^(0x3f<<26) | (1<<coreShift-1)<<26
-			// Threads sharing this cache: the last level is shared by
-			// the whole package, lower levels belong to one core.
-			if (e.EAX>>5)&0x7 >= 3 {
-				e.EAX = e.EAX&^(0xfff<<14) | (1<<coreShift-1)<<14
-			} else {
-				e.EAX &^= 0xfff << 14
-			}
+			e.EAX = cacheSharing(e.EAX&^(0x3f<<26) | (1<<(pkgShift-top.ThreadBits)-1)<<26)
 		case leafTopology, leafTopologyV2:
 			continue // rebuilt below
 		case leafKVMSignature:
@@ -75,15 +80,22 @@ func guestCPUID(supported []uapi.CPUIDEntry, index, n int) []uapi.CPUIDEntry {
 			e.EBX, e.ECX, e.EDX = kvmSignature[0], kvmSignature[1], kvmSignature[2]
 			e.EAX = max(e.EAX, leafKVMFeatures)
 		case leafExtFeatures:
-			if n > 1 {
+			if logical > 1 {
 				e.ECX |= extECXCmpLegacy
 			}
 		case leafAddressSizes:
-			e.ECX = e.ECX&^0xf0ff | coreShift<<12 | uint32(n-1)
+			e.ECX = e.ECX&^0xf0ff | uint32(pkgShift)<<12 | (logical-1)&0xff
+		case leafAMDCacheTopology:
+			if e.EAX&0x1f == 0 {
+				break
+			}
+			e.EAX = cacheSharing(e.EAX)
 		case leafAMDTopologyExt:
 			e.EAX = apicID
-			e.EBX = e.EBX&^0xffff | uint32(index)&0xff // core id; one thread per core
-			e.ECX &^= 0xff                             // node 0
+			// Core (compute unit) ID and threads per core - 1; node ID:
+			// the guest package.
+			e.EBX = e.EBX&^0xffff | (apicID>>top.ThreadBits)&0xff | uint32(top.ThreadsPerCore-1)<<8
+			e.ECX = e.ECX&^0xff | uint32(v.Package)&0xff
 		}
 		out = append(out, e)
 	}
@@ -99,9 +111,9 @@ func guestCPUID(supported []uapi.CPUIDEntry, index, n int) []uapi.CPUIDEntry {
 		}
 		out = append(out,
 			uapi.CPUIDEntry{Function: leaf, Index: 0, Flags: cpuidFlagSignificantIndex,
-				EAX: 0, EBX: 1, ECX: topoLevelSMT << 8, EDX: apicID},
+				EAX: uint32(top.ThreadBits), EBX: uint32(top.ThreadsPerCore), ECX: topoLevelSMT << 8, EDX: apicID},
 			uapi.CPUIDEntry{Function: leaf, Index: 1, Flags: cpuidFlagSignificantIndex,
-				EAX: coreShift, EBX: uint32(n), ECX: 1 | topoLevelCore<<8, EDX: apicID},
+				EAX: uint32(pkgShift), EBX: logical, ECX: 1 | topoLevelCore<<8, EDX: apicID},
 			uapi.CPUIDEntry{Function: leaf, Index: 2, Flags: cpuidFlagSignificantIndex,
 				EAX: 0, EBX: 0, ECX: 2, EDX: apicID},
 		)

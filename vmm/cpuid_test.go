@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hpcvmm/hpcvmm/cputopo"
 	"github.com/hpcvmm/hpcvmm/uapi"
 )
 
@@ -37,7 +38,7 @@ func find(entries []uapi.CPUIDEntry, fn, idx uint32) (uapi.CPUIDEntry, bool) {
 func TestGuestCPUIDTopologyIsConsistent(t *testing.T) {
 	for _, n := range []int{1, 2, 4, 6} {
 		for i := 0; i < n; i++ {
-			out := guestCPUID(hostCPUID(), i, n)
+			out := guestCPUID(hostCPUID(), flat(t, n), i)
 			l1, ok := find(out, leafFeatures, 0)
 			require.True(t, ok)
 			assert.Equal(t, uint32(i), l1.EBX>>24, "APIC ID in leaf 1")
@@ -64,7 +65,7 @@ func TestGuestCPUIDTopologyIsConsistent(t *testing.T) {
 }
 
 func TestGuestCPUIDHasKVMSignature(t *testing.T) {
-	out := guestCPUID(hostCPUID()[:2], 0, 1) // host table without the paravirt leaves
+	out := guestCPUID(hostCPUID()[:2], flat(t, 1), 0) // host table without the paravirt leaves
 	sig, ok := find(out, leafKVMSignature, 0)
 	require.True(t, ok)
 	assert.Equal(t, kvmSignature, [3]uint32{sig.EBX, sig.ECX, sig.EDX})
@@ -113,7 +114,7 @@ func xsaveSize(cpuid []uapi.CPUIDEntry, xcr0 uint64) uint32 {
 }
 
 func TestGuestXCR0MatchesWhatLinuxEnables(t *testing.T) {
-	cpuid := guestCPUID(nestedL1CPUID(), 0, 1)
+	cpuid := guestCPUID(nestedL1CPUID(), flat(t, 1), 0)
 	xcr0 := guestXCR0(cpuid)
 	assert.Equal(t, uint64(0x207), xcr0, "x87, SSE, AVX, PKRU")
 	leaf, ok := find(cpuid, leafXSave, 0)
@@ -177,4 +178,10 @@ func TestGuestXCR0AlwaysValid(t *testing.T) {
 			require.True(t, x&g == 0 || x&g == g, "%#x group %#x", x, g)
 		}
 	}
+}
+
+func flat(t *testing.T, n int) cputopo.Topology {
+	top, err := cputopo.Flat(n)
+	require.NoError(t, err)
+	return top
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/hpcvmm/hpcvmm/addrspace"
 	"github.com/hpcvmm/hpcvmm/boot"
 	"github.com/hpcvmm/hpcvmm/bus"
+	"github.com/hpcvmm/hpcvmm/cputopo"
 	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/pci"
@@ -67,6 +68,9 @@ type VM struct {
 	cfg   Config
 	log   *slog.Logger
 	place placement
+	// topology is the guest's CPU topology: each vCPU's APIC ID and the
+	// CPUID that describes it.
+	topology cputopo.Topology
 
 	kvm  *uapi.System
 	vm   *uapi.VM
@@ -81,10 +85,13 @@ type VM struct {
 	pci                         *pci.Root
 	console                     *console.Console
 	transports                  []*transport.Transport
-	pt                          *passthrough // nil without passthrough devices
-	slots                       *memslots    // KVM slots for BAR mappings
+	acpiPM                      *platform.ACPIPM
+	ged                         *platform.GED // ACPI power button
+	pt                          *passthrough  // nil without passthrough devices
+	slots                       *memslots     // KVM slots for BAR mappings
 
 	stopping atomic.Bool
+	stopped  chan struct{} // closed by the first stop
 	stopOnce sync.Once
 	reason   error // first reason the VM stopped; guarded by stopOnce
 
@@ -117,7 +124,7 @@ func New(cfg Config) (_ *VM, err error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	vm := &VM{cfg: cfg, log: log, start: start, serialEvent: -1}
+	vm := &VM{cfg: cfg, log: log, start: start, serialEvent: -1, stopped: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			vm.Close()
@@ -164,6 +171,9 @@ func New(cfg Config) (_ *VM, err error) {
 	}
 	if vm.place, err = choosePlacement(&cfg, h, devNode); err != nil {
 		return nil, err
+	}
+	if vm.topology, err = cputopo.Flat(cfg.CPUs); err != nil {
+		return nil, fieldErr("CPUs", "%v", err)
 	}
 	// The checks `hpcvmm check` runs, with the same messages, before
 	// anything on the host changes.
@@ -297,7 +307,10 @@ func (vm *VM) addPlatformDevices() error {
 	if err := vm.pio.Register(i8042DataPort, 1, "i8042 data", kbd.DataPort()); err != nil {
 		return err
 	}
-	return vm.pio.Register(i8042CmdPort, 1, "i8042 command", kbd.CommandPort())
+	if err := vm.pio.Register(i8042CmdPort, 1, "i8042 command", kbd.CommandPort()); err != nil {
+		return err
+	}
+	return vm.addACPIDevices()
 }
 
 // newVCPU creates vCPU index with its CPUID, MSRs and local interrupt
@@ -309,7 +322,7 @@ func (vm *VM) newVCPU(index int, supported []uapi.CPUIDEntry) (*vcpu, error) {
 		return nil, err
 	}
 	v := &vcpu{index: index, hostCPU: vm.place.vcpuCPUs[index], cpu: c, run: c.RunData(), vm: vm}
-	cpuid := guestCPUID(supported, index, vm.cfg.CPUs)
+	cpuid := guestCPUID(supported, vm.topology, index)
 	if err := c.SetCPUID2(cpuid); err != nil {
 		return v, fmt.Errorf("vCPU %d: %w", index, err)
 	}
@@ -403,6 +416,9 @@ func (vm *VM) stop(reason error) {
 	vm.stopOnce.Do(func() {
 		vm.reason = reason
 		vm.stopping.Store(true)
+		if vm.stopped != nil {
+			close(vm.stopped)
+		}
 		for _, c := range vm.cpus {
 			c.kick()
 		}

@@ -213,3 +213,16 @@ func Resource(lines map[int]string) string {
 	}
 	return b.String()
 }
+
+// CPU writes /sys/devices/system/cpu/cpuN's topology (package, core) and
+// a last-level cache (level 3) shared by the CPUs in llcShared ("0-7").
+func (tr *Tree) CPU(n, pkg, core int, llcShared string) {
+	tr.t.Helper()
+	dir := fmt.Sprintf("sys/devices/system/cpu/cpu%d", n)
+	tr.Write(dir+"/topology/physical_package_id", fmt.Sprintf("%d\n", pkg))
+	tr.Write(dir+"/topology/core_id", fmt.Sprintf("%d\n", core))
+	tr.Write(dir+"/cache/index0/level", "1\n")
+	tr.Write(dir+"/cache/index0/shared_cpu_list", fmt.Sprintf("%d\n", n))
+	tr.Write(dir+"/cache/index3/level", "3\n")
+	tr.Write(dir+"/cache/index3/shared_cpu_list", llcShared+"\n")
+}
