@@ -28,6 +28,7 @@ import (
 const (
 	bpExtRamdiskImage = 0x0c0 // boot_params.ext_ramdisk_image: high 32 bits of ramdisk_image
 	bpExtRamdiskSize  = 0x0c4 // boot_params.ext_ramdisk_size
+	bpACPIRSDPAddr    = 0x070 // boot_params.acpi_rsdp_addr (u64, protocol 2.14)
 	bpExtCmdLinePtr   = 0x0c8 // boot_params.ext_cmd_line_ptr
 	bpE820Entries     = 0x1e8 // boot_params.e820_entries (u8)
 	bpSentinel        = 0x1ef // boot_params.sentinel: must stay 0 or the kernel distrusts the zero page

@@ -97,10 +97,18 @@ type Params struct {
 	// RAM lists the guest RAM ranges, ascending; the first (low) range starts
 	// at GPA 0 and holds everything Load writes.
 	RAM []RAMRange
-	// CPUs is the number of vCPUs; their APIC IDs are 0..CPUs-1.
+	// CPUs is the number of vCPUs; their APIC IDs are 0..CPUs-1 (in the
+	// MP table; with ACPI the MADT says).
 	CPUs int
 	// MP extends the MP table (e.g. a PCI bus and its interrupts).
 	MP MPOptions
+	// ACPI, when set, replaces the MP table: Load writes the tables and
+	// gives the kernel the RSDP's address (boot_params.acpi_rsdp_addr).
+	ACPI *ACPI
+	// Reserved are guest-physical ranges outside RAM that the memory map
+	// reports as reserved (the ECAM window: Linux uses MMCONFIG only where
+	// the firmware reserved it).
+	Reserved []E820Entry
 }
 
 // Segment is a segment register's visible selector and hidden descriptor
@@ -169,7 +177,7 @@ func Load(mem Memory, p Params) (CPUState, error) {
 	if len(k.Header) < hdrHandoverOffset-bpHdr || bpHdr+len(k.Header) > bpHdrAreaEnd {
 		return CPUState{}, fmt.Errorf("boot: load: kernel setup header is %d bytes, outside [%d, %d]: parse the kernel with ParseBzImage", len(k.Header), hdrHandoverOffset-bpHdr, bpHdrAreaEnd-bpHdr)
 	}
-	if err := validateMP(MPTableAddr, p.CPUs, p.MP); err != nil {
+	if err := validateFirmwareTables(p); err != nil {
 		return CPUState{}, err
 	}
 	lowEnd, err := validateRAM(p.RAM)
@@ -189,7 +197,7 @@ func Load(mem Memory, p Params) (CPUState, error) {
 			return CPUState{}, err
 		}
 	}
-	e820 := E820Map(p.RAM)
+	e820 := withReserved(E820Map(p.RAM), p.Reserved)
 	if len(e820) > e820MaxEntriesZeroPage {
 		return CPUState{}, fmt.Errorf("boot: load: memory map has %d entries, the zero page holds %d", len(e820), e820MaxEntriesZeroPage)
 	}
@@ -208,6 +216,9 @@ func Load(mem Memory, p Params) (CPUState, error) {
 		return CPUState{}, err
 	}
 	zp := zeroPage(k, CmdlineAddr, initrdAddr, uint64(len(p.Initrd)), e820)
+	if p.ACPI != nil {
+		binary.LittleEndian.PutUint64(zp[bpACPIRSDPAddr:], p.ACPI.RSDPAddr)
+	}
 	if err := writeGuest(mem, ZeroPageAddr, zp, "zero page"); err != nil {
 		return CPUState{}, err
 	}
@@ -220,7 +231,13 @@ func Load(mem Memory, p Params) (CPUState, error) {
 	if err := writeGuest(mem, IDTAddr, make([]byte, idtSize), "IDT"); err != nil {
 		return CPUState{}, err
 	}
-	if err := WriteMPTableWithOptions(mem, MPTableAddr, p.CPUs, p.MP); err != nil {
+	if p.ACPI != nil {
+		for _, t := range p.ACPI.Regions {
+			if err := writeGuest(mem, t.GPA, t.Data, "ACPI tables"); err != nil {
+				return CPUState{}, err
+			}
+		}
+	} else if err := WriteMPTableWithOptions(mem, MPTableAddr, p.CPUs, p.MP); err != nil {
 		return CPUState{}, err
 	}
 	return cpuState(loadAddr), nil
@@ -249,7 +266,7 @@ func Check(p Params, initrdSize uint64) error {
 			return err
 		}
 	}
-	return validateMP(MPTableAddr, p.CPUs, p.MP)
+	return validateFirmwareTables(p)
 }
 
 // placeKernel picks the load address and returns it with the end of the

@@ -35,6 +35,7 @@ func TestOffsetsMatchBootparamH(t *testing.T) {
 		"ext_ramdisk_image":  bpExtRamdiskImage,
 		"ext_ramdisk_size":   bpExtRamdiskSize,
 		"ext_cmd_line_ptr":   bpExtCmdLinePtr,
+		"acpi_rsdp_addr":     bpACPIRSDPAddr,
 		"e820_entries":       bpE820Entries,
 		"sentinel":           bpSentinel,
 		"hdr":                bpHdr,
