@@ -13,7 +13,7 @@ import (
 	"strings"
 	"syscall"
 
-	"golang.org/x/sys/unix"
+	"golang.org/x/term"
 
 	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/host"
@@ -215,9 +215,10 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 	}()
 
+	termFD := -1
 	if cfg.Console == vmm.ConsoleSerial || cfg.Console == vmm.ConsoleVirtio {
-		in, restore := consoleInput(stdin, func() { cancel(errors.New("console escape Ctrl-A x")) }, log)
-		defer restore()
+		in, fd := consoleInput(stdin, func() { cancel(errors.New("console escape Ctrl-A x")) })
+		termFD = fd
 		cfg.Stdin = in
 		cfg.ConsoleRows, cfg.ConsoleCols = terminalSize(stdout)
 	}
@@ -229,6 +230,10 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return 2
 		}
 		return 1
+	}
+	if termFD >= 0 {
+		restore := makeRaw(termFD, log)
+		defer restore()
 	}
 	if cfg.Console == vmm.ConsoleVirtio {
 		stopResize := forwardResizes(stdout, vm)
@@ -247,64 +252,107 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// consoleInput wires stdin to the guest console. When stdin is a terminal
-// it is put in raw mode (restored by the returned func) so keys reach the
-// guest unchanged; Ctrl-A x then stops the VM, as in QEMU.
-func consoleInput(stdin io.Reader, escape func(), log *slog.Logger) (io.Reader, func()) {
+// consoleInput returns what the guest console reads and, when stdin is a
+// terminal, its descriptor (else -1) for makeRaw. On a terminal the bytes go
+// through the Ctrl-A escape reader; anything else (a pipe, a file) passes
+// unchanged, so scripted input may contain any byte.
+func consoleInput(stdin io.Reader, escape func()) (in io.Reader, termFD int) {
 	file, ok := stdin.(*os.File)
-	if !ok {
-		return stdin, func() {}
+	if !ok || !term.IsTerminal(int(file.Fd())) {
+		return stdin, -1
 	}
-	fd := int(file.Fd())
-	saved, err := unix.IoctlGetTermios(fd, unix.TCGETS)
-	if err != nil {
-		return stdin, func() {} // not a terminal: pass bytes through
-	}
-	raw := *saved
-	raw.Iflag &^= unix.IGNBRK | unix.BRKINT | unix.PARMRK | unix.ISTRIP | unix.INLCR | unix.IGNCR | unix.ICRNL | unix.IXON
-	raw.Oflag &^= unix.OPOST
-	raw.Lflag &^= unix.ECHO | unix.ECHONL | unix.ICANON | unix.ISIG | unix.IEXTEN
-	raw.Cflag &^= unix.CSIZE | unix.PARENB
-	raw.Cflag |= unix.CS8
-	raw.Cc[unix.VMIN], raw.Cc[unix.VTIME] = 1, 0
-	if err := unix.IoctlSetTermios(fd, unix.TCSETS, &raw); err != nil {
-		log.Warn("console: cannot switch the terminal to raw mode", "err", err)
-		return stdin, func() {}
-	}
-	log.Info("console: terminal in raw mode; Ctrl-A x stops the VM")
-	restore := func() { _ = unix.IoctlSetTermios(fd, unix.TCSETS, saved) }
-	return &escapeReader{r: stdin, escape: escape}, restore
+	return &escapeReader{r: stdin, escape: escape}, int(file.Fd())
 }
 
-// escapeReader passes bytes through, watching for Ctrl-A x.
+// makeRaw puts the terminal in raw mode, so every key (Ctrl-C included)
+// reaches the guest unchanged, and returns the func that restores it. It is
+// called only once the VM is built, so input rejected by vmm.New leaves the
+// terminal as it was.
+func makeRaw(fd int, log *slog.Logger) (restore func()) {
+	saved, err := term.MakeRaw(fd)
+	if err != nil {
+		log.Warn("console: cannot switch the terminal to raw mode; keys are line-buffered and Ctrl-C stops hpcvmm", "err", err)
+		return func() {}
+	}
+	log.Info("console: terminal in raw mode; Ctrl-A x stops the VM, Ctrl-A Ctrl-A sends Ctrl-A")
+	return func() { _ = term.Restore(fd, saved) }
+}
+
+// ctrlA is the console escape key (as in QEMU and screen): Ctrl-A x stops
+// the VM, Ctrl-A Ctrl-A sends one Ctrl-A, Ctrl-A before anything else is
+// passed on with that byte.
+const ctrlA = 0x01
+
+// escapeReader passes terminal input through, watching for Ctrl-A x. A key
+// arrives as one read of one or more bytes (an arrow key is three), and a
+// Ctrl-A is held back until the next byte decides what it is, so one Read
+// can have one byte more to give than it was handed: decoded bytes are
+// therefore produced from input kept in its own buffer, never in place in
+// the caller's, and only as many as fit.
 type escapeReader struct {
 	r       io.Reader
 	escape  func()
-	pending bool // the previous byte was Ctrl-A
+	buf     []byte // read from r; in is its unconsumed part
+	in      []byte
+	err     error // r's error (or io.EOF after Ctrl-A x), returned once in is drained
+	pending bool  // the last byte consumed was a Ctrl-A not yet passed on
 }
 
 func (e *escapeReader) Read(p []byte) (int, error) {
-	n, err := e.r.Read(p)
-	out := p[:0]
-	for _, b := range p[:n] {
-		switch {
-		case e.pending && b == 'x':
-			e.escape()
-			return len(out), io.EOF
-		case e.pending && b == 0x01:
-			out = append(out, 0x01) // Ctrl-A Ctrl-A sends one Ctrl-A
-			e.pending = false
-			continue
-		case e.pending:
-			out = append(out, 0x01)
-			e.pending = false
-		case b == 0x01:
-			e.pending = true
-			continue
-		}
-		out = append(out, b)
+	if len(p) == 0 {
+		return 0, nil
 	}
-	return len(out), err
+	for {
+		w := 0
+		for w < len(p) && len(e.in) > 0 {
+			b := e.in[0]
+			if !e.pending {
+				e.in = e.in[1:]
+				if b == ctrlA {
+					e.pending = true
+				} else {
+					p[w] = b
+					w++
+				}
+				continue
+			}
+			e.pending = false
+			switch b {
+			case 'x':
+				e.in, e.err = nil, io.EOF
+				e.escape()
+			case ctrlA:
+				e.in = e.in[1:]
+				p[w] = ctrlA
+				w++
+			default:
+				// The held Ctrl-A goes on; b is looked at again, as an
+				// ordinary byte, in the next iteration.
+				p[w] = ctrlA
+				w++
+			}
+		}
+		if w > 0 {
+			return w, nil
+		}
+		if e.err != nil {
+			if e.pending {
+				// Input ended after a Ctrl-A: nothing can follow it.
+				e.pending = false
+				p[0] = ctrlA
+				return 1, nil
+			}
+			return 0, e.err
+		}
+		if e.buf == nil {
+			e.buf = make([]byte, max(len(p), 64))
+		}
+		n, err := e.r.Read(e.buf)
+		e.in, e.err = e.buf[:n], err
+		if n == 0 && err == nil {
+			return 0, nil // let the caller decide whether to read again
+		}
+	}
 }
 
 // terminalSize returns the rows and columns of out when it is a terminal,
@@ -314,11 +362,11 @@ func terminalSize(out io.Writer) (rows, cols uint16) {
 	if !ok {
 		return 0, 0
 	}
-	ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ)
-	if err != nil {
+	w, h, err := term.GetSize(int(f.Fd()))
+	if err != nil || w <= 0 || h <= 0 || w > 0xffff || h > 0xffff {
 		return 0, 0
 	}
-	return ws.Row, ws.Col
+	return uint16(h), uint16(w)
 }
 
 // forwardResizes passes terminal size changes (SIGWINCH) to the guest's
