@@ -2,17 +2,17 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 
-	"github.com/hpcvmm/hpcvmm/guestmem"
+	"github.com/spf13/pflag"
 
+	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/vmm"
 	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
 
@@ -21,113 +21,55 @@ import (
 // when /dev/kvm exists. Left nil, only the device's presence is checked.
 var kvmCapabilityCheck func(devPath string) []preflight.Result
 
-// hiddenFlags are test-only flags left out of the usage text: they point the
-// host reader at a capture or synthetic tree instead of /sys and /proc.
-var hiddenFlags = map[string]bool{"sysfs": true, "procfs": true}
-
-// bdfList collects a repeatable BDF flag; a comma-separated value adds
-// several.
-type bdfList []string
-
-func (l *bdfList) String() string { return strings.Join(*l, ",") }
-
-func (l *bdfList) Set(v string) error {
-	for _, s := range strings.Split(v, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			*l = append(*l, s)
-		}
-	}
-	return nil
-}
-
-// setUsage prints a synopsis and the visible flags.
-func setUsage(fs *flag.FlagSet, synopsis string) {
-	fs.Usage = func() {
-		w := fs.Output()
-		fmt.Fprintf(w, "usage: %s\n\nflags:\n", synopsis)
-		fs.VisitAll(func(f *flag.Flag) {
-			if hiddenFlags[f.Name] {
-				return
-			}
-			name, usage := flag.UnquoteUsage(f)
-			fmt.Fprintf(w, "  %s\n    \t%s", strings.TrimSpace("--"+f.Name+" "+name), usage)
-			if f.DefValue != "" && f.DefValue != "false" {
-				fmt.Fprintf(w, " (default %s)", f.DefValue)
-			}
-			fmt.Fprintln(w)
-		})
-	}
-}
-
-// parseFlags parses args, reporting 0 for -h, 2 for a usage error, and -1 to
-// continue.
-func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) int {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "%s: unexpected argument %q (devices are given with --gpu/--vf)\n", fs.Name(), fs.Arg(0))
-		return 2
-	}
-	return -1
-}
-
 // runCheck implements `hpcvmm check`: it checks that this host can run the
 // described VM and prints every problem with its fix. Exit status: 0 when
 // the VM could start (warnings allowed), 1 when a check failed, 2 for a
 // usage error.
 func runCheck(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("hpcvmm check", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	c := newCommand("hpcvmm check",
+		"Check that this host can run the described VM: KVM and its capabilities, the IOMMU and interrupt remapping, "+
+			"each device (driver, IOMMU group, NUMA node, reset method, BARs against the guest address space, VF to PF), "+
+			"the node's CPUs and free hugepages, RLIMIT_MEMLOCK. Every problem is printed with the command that fixes it. "+
+			"hpcvmm run runs the same checks first.",
+		"hpcvmm check [--gpu BDF]... [--vf BDF]... [--memory SIZE] [--hugepages 1G|2M|none]",
+		"[--cpus N] [--numa-node N|auto] [--json]")
+	c.footer = `Exit status:
+  0  the VM could start (warnings allowed)
+  1  a check failed
+  2  invalid input`
 	var gpus, vfs bdfList
-	fs.Var(&gpus, "gpu", "PCI `BDF` of a device to pass through whole, e.g. 0000:82:00.0 (repeatable)")
-	fs.Var(&vfs, "vf", "PCI `BDF` of an SR-IOV virtual function to pass through (repeatable)")
-	memory := fs.String("memory", "1G", "guest RAM (K/M/G/T suffixes)")
-	hugepages := fs.String("hugepages", "1G", "page size backing guest RAM: 1G, 2M or none")
-	cpus := fs.Int("cpus", 1, "number of vCPUs")
-	numaNode := fs.String("numa-node", "auto", "host NUMA `node` number, or auto: the node of the first device, else the node with the most free hugepages")
-	asJSON := fs.Bool("json", false, "print the report as JSON")
-	sysRoot := fs.String("sysfs", "/sys", "sysfs root (tests)")
-	procRoot := fs.String("procfs", "/proc", "procfs root (tests)")
-	setUsage(fs, "hpcvmm check [--gpu BDF]... [--vf BDF]... [--memory SIZE] [--hugepages 1G|2M|none] [--cpus N] [--numa-node N] [--json]")
-	if rc := parseFlags(fs, args, stderr); rc >= 0 {
+	req := preflight.Request{CPUs: 1, Memory: 1 << 30, NUMANode: vmm.NUMANodeAuto, KVMCheck: kvmCapabilityCheck}
+	page := guestmem.Page1G
+	g := c.group("The VM to check")
+	g.Var(&gpus, "gpu", "`BDF`: a PCI device to pass through whole, e.g. 0000:82:00.0 (repeatable; a comma-separated list adds several)")
+	g.Var(&vfs, "vf", "`BDF`: an SR-IOV virtual function to pass through (repeatable)")
+	g.Var(sizeValue{&req.Memory}, "memory", "guest RAM, with a K, M, G or T suffix")
+	g.Var(pageSizeValue{&page}, "hugepages", "page size backing guest RAM: 1G, 2M or none")
+	g.IntVar(&req.CPUs, "cpus", req.CPUs, "`N`: vCPUs")
+	g.Var(nodeValue{&req.NUMANode}, "numa-node", "host NUMA node; auto: the node of the first device, else the node with the most free hugepages")
+	asJSON := c.group("Output").Bool("json", false, "print the report as JSON")
+	var sysRoot, procRoot string
+	c.hidden(func(fs *pflag.FlagSet) {
+		fs.StringVar(&sysRoot, "sysfs", "/sys", "sysfs root (tests)")
+		fs.StringVar(&procRoot, "procfs", "/proc", "procfs root (tests)")
+	})
+	c.done()
+	if rc := c.parse(args, stdout, stderr); rc >= 0 {
 		return rc
 	}
+	if rc := c.noArgs(stderr, "devices are given with --gpu and --vf"); rc >= 0 {
+		return rc
+	}
+	switch {
+	case req.Memory == 0:
+		return c.usageError(stderr, "--memory 0: want more than 0, e.g. 1G")
+	case req.CPUs < 1:
+		return c.usageError(stderr, "--cpus %d: want 1 or more", req.CPUs)
+	}
+	req.GPUs, req.VFs, req.PageSize = gpus, vfs, uint64(page)
 
-	req := preflight.Request{GPUs: gpus, VFs: vfs, CPUs: *cpus, NUMANode: -1, KVMCheck: kvmCapabilityCheck}
-	var errs []error
+	rep := preflight.Run(host.New(sysRoot, procRoot), req)
 	var err error
-	if req.Memory, err = guestmem.ParseSize(*memory); err != nil {
-		errs = append(errs, fmt.Errorf("--memory: %w", err))
-	} else if req.Memory == 0 {
-		errs = append(errs, errors.New("--memory: must be more than 0, e.g. 1G"))
-	}
-	page, err := guestmem.ParsePageSize(*hugepages)
-	req.PageSize = uint64(page)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("--hugepages: %w", err))
-	}
-	if *cpus < 1 {
-		errs = append(errs, fmt.Errorf("--cpus %d: want 1 or more", *cpus))
-	}
-	if s := *numaNode; s != "auto" && s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 0 {
-			errs = append(errs, fmt.Errorf("--numa-node %q: want a node number or auto", s))
-		}
-		req.NUMANode = n
-	}
-	if len(errs) > 0 {
-		for _, err := range errs {
-			fmt.Fprintf(stderr, "hpcvmm check: %v\n", err)
-		}
-		return 2
-	}
-
-	rep := preflight.Run(host.New(*sysRoot, *procRoot), req)
 	if *asJSON {
 		err = rep.WriteJSON(stdout)
 	} else {
@@ -174,16 +116,25 @@ func rowOf(d *host.Device) deviceRow {
 // vfio-pci) with their node, IOMMU group, driver and SR-IOV VFs, so an admin
 // can pick BDFs for --gpu and --vf.
 func runDevices(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("hpcvmm devices", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	asJSON := fs.Bool("json", false, "print the list as JSON")
-	sysRoot := fs.String("sysfs", "/sys", "sysfs root (tests)")
-	procRoot := fs.String("procfs", "/proc", "procfs root (tests)")
-	setUsage(fs, "hpcvmm devices [--json]")
-	if rc := parseFlags(fs, args, stderr); rc >= 0 {
+	c := newCommand("hpcvmm devices",
+		"List the host's passthrough-capable devices (GPUs, network and InfiniBand functions, accelerators, anything on vfio-pci) "+
+			"with their NUMA node, IOMMU group, driver, reset methods and SR-IOV virtual functions: the BDFs for --gpu and --vf.",
+		"hpcvmm devices [--json]")
+	c.footer = "Exit status: 0 listed, 1 the host's PCI devices could not be read, 2 invalid input."
+	asJSON := c.group("Output").Bool("json", false, "print the list as JSON")
+	var sysRoot, procRoot string
+	c.hidden(func(fs *pflag.FlagSet) {
+		fs.StringVar(&sysRoot, "sysfs", "/sys", "sysfs root (tests)")
+		fs.StringVar(&procRoot, "procfs", "/proc", "procfs root (tests)")
+	})
+	c.done()
+	if rc := c.parse(args, stdout, stderr); rc >= 0 {
 		return rc
 	}
-	h := host.New(*sysRoot, *procRoot)
+	if rc := c.noArgs(stderr, ""); rc >= 0 {
+		return rc
+	}
+	h := host.New(sysRoot, procRoot)
 	devs, err := h.PassthroughDevices()
 	if err != nil {
 		fmt.Fprintf(stderr, "hpcvmm devices: %v\n", err)

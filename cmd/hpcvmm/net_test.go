@@ -1,7 +1,6 @@
 package main
 
 import (
-	"io"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -11,8 +10,8 @@ import (
 )
 
 func TestNetFlag(t *testing.T) {
-	fs, f := newRunFlagSet(io.Discard)
-	require.NoError(t, fs.Parse([]string{"--net", "tap=tap0", "--net", "tap=tap1,mac=02:68:70:00:00:01,queues=2,vhost=off"}))
+	c, f := newRunCommand()
+	require.NoError(t, c.fs.Parse([]string{"--net", "tap=tap0", "--net", "tap=tap1,mac=02:68:70:00:00:01,queues=2,vhost=off"}))
 	assert.Equal(t, []vmm.NetConfig{
 		{TAP: "tap0"},
 		{TAP: "tap1", MAC: "02:68:70:00:00:01", Queues: 2, Vhost: vmm.VhostOff},
@@ -26,8 +25,8 @@ func TestNetFlag(t *testing.T) {
 		"tap=a,tap=b":           "given twice",
 		"tap":                   "key=value",
 	} {
-		fs, _ := newRunFlagSet(io.Discard)
-		err := fs.Parse([]string{"--net", arg})
+		c, _ := newRunCommand()
+		err := c.fs.Parse([]string{"--net", arg})
 		assert.ErrorContains(t, err, msg, arg)
 	}
 }

@@ -1,50 +1,30 @@
 package main
 
 import (
-	"errors"
-	"flag"
 	"fmt"
 	"io"
+
+	"github.com/spf13/pflag"
 
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/hoststate"
 	"github.com/hpcvmm/hpcvmm/vmm"
 )
 
-// stringList collects a repeatable flag; a comma-separated value is kept
-// whole (a --gpu value carries ",clique=N").
-type stringList []string
-
-func (l *stringList) String() string { return fmt.Sprint(*l) }
-func (l *stringList) Set(v string) error {
-	*l = append(*l, v)
-	return nil
-}
-
-// addPassthroughFlags registers --gpu, --vf, --bind and --p2p on fs.
-func addPassthroughFlags(fs *flag.FlagSet, p *vmm.PassthroughConfig) {
-	fs.Var((*stringList)(&p.GPUs), "gpu", "pass a GPU (or any PCI device) through: BDF[,clique=N] (repeatable)")
-	fs.Var((*stringList)(&p.VFs), "vf", "pass an SR-IOV virtual function through: BDF (repeatable)")
-	fs.BoolVar(&p.Bind, "bind", false, "rebind devices held by a host driver to vfio-pci for this VM and give them back afterwards")
-	fs.Func("p2p", "DMA-map device BARs for peer-to-peer between passed-through devices (default true)", func(s string) error {
-		switch s {
-		case "true", "on", "1":
-			p.NoP2P = false
-		case "false", "off", "0":
-			p.NoP2P = true
-		default:
-			return fmt.Errorf("want true or false, got %q", s)
-		}
-		return nil
-	})
+// addPassthroughFlags defines --gpu, --vf, --bind and --p2p on fs.
+func addPassthroughFlags(fs *pflag.FlagSet, p *vmm.PassthroughConfig) {
+	fs.Var((*stringList)(&p.GPUs), "gpu", "`BDF[,clique=N]`: pass a GPU (or any PCI device) through VFIO; clique=N gives an NVIDIA GPU the P2P clique capability (repeatable)")
+	fs.Var((*stringList)(&p.VFs), "vf", "`BDF`: pass an SR-IOV virtual function through (repeatable)")
+	fs.BoolVar(&p.Bind, "bind", false, "rebind devices held by a host driver to vfio-pci for this VM (journaled in "+hoststate.DefaultStateDir+") and give them back when it ends")
+	fs.VarPF(notValue{&p.NoP2P}, "p2p", "", "DMA-map device BARs so passed-through devices reach each other (GPUDirect P2P/RDMA); --p2p=false skips it when they need not").NoOptDefVal = "true"
 }
 
 // runBind rebinds devices to vfio-pci and leaves them there; the change is
 // journaled, so `hpcvmm unbind` gives them back to their drivers.
 func runBind(args []string, stdout, stderr io.Writer) int {
-	stateDir, bdfs, ok := parseJournalArgs("bind", args, stderr)
-	if !ok {
-		return 2
+	stateDir, bdfs, rc := parseJournalArgs("bind", args, stdout, stderr)
+	if rc >= 0 {
+		return rc
 	}
 	j := hoststate.Open(hoststate.Options{StateDir: stateDir})
 	for _, b := range bdfs {
@@ -61,9 +41,9 @@ func runBind(args []string, stdout, stderr io.Writer) int {
 // drivers: after `hpcvmm bind`, or after an hpcvmm that was killed before
 // it could restore them itself.
 func runUnbind(args []string, stdout, stderr io.Writer) int {
-	stateDir, bdfs, ok := parseJournalArgs("unbind", args, stderr)
-	if !ok {
-		return 2
+	stateDir, bdfs, rc := parseJournalArgs("unbind", args, stdout, stderr)
+	if rc >= 0 {
+		return rc
 	}
 	rep, err := hoststate.RestoreStale(hoststate.Options{StateDir: stateDir}, bdfs...)
 	for _, c := range rep.Restored {
@@ -83,32 +63,46 @@ func runUnbind(args []string, stdout, stderr io.Writer) int {
 }
 
 // parseJournalArgs parses the flags and BDF arguments `hpcvmm bind` and
-// `hpcvmm unbind` share; ok is false after a usage error was printed.
-func parseJournalArgs(cmd string, args []string, stderr io.Writer) (stateDir string, bdfs []host.BDF, ok bool) {
-	fs := flag.NewFlagSet("hpcvmm "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	dir := fs.String("state-dir", "", "directory of hpcvmm's host-state journals (default "+hoststate.DefaultStateDir+")")
-	if err := fs.Parse(args); err != nil {
-		return "", nil, false
+// `hpcvmm unbind` share. rc is -1 to go on, else the exit status after help
+// or a usage error was printed.
+func parseJournalArgs(cmd string, args []string, stdout, stderr io.Writer) (stateDir string, bdfs []host.BDF, rc int) {
+	var c *command
+	if cmd == "bind" {
+		c = newCommand("hpcvmm bind",
+			"Rebind PCI devices to vfio-pci and leave them there, journaled, until `hpcvmm unbind` gives them back to their drivers.",
+			"hpcvmm bind [--state-dir DIR] BDF...")
+	} else {
+		c = newCommand("hpcvmm unbind",
+			"Give devices rebound by hpcvmm back to their drivers: after `hpcvmm bind`, or after an hpcvmm that was killed before it could. "+
+				"Without BDFs, every device of every journal whose hpcvmm no longer runs.",
+			"hpcvmm unbind [--state-dir DIR] [BDF...]")
 	}
-	bdfs, err := parseBDFs(fs.Args())
+	c.footer = "Exit status: 0 done, 1 a device could not be rebound, 2 invalid input."
+	dir := c.group("Flags").String("state-dir", hoststate.DefaultStateDir, "`DIR`: where hpcvmm journals the host changes it makes")
+	c.done()
+	if rc := c.parse(args, stdout, stderr); rc >= 0 {
+		return "", nil, rc
+	}
+	if cmd == "bind" && c.fs.NArg() == 0 {
+		return "", nil, c.usageError(stderr, "no device given: name the PCI functions, e.g. hpcvmm bind 0000:82:00.0")
+	}
+	bdfs, err := parseBDFs(c.fs.Args())
 	if err != nil {
-		fmt.Fprintf(stderr, "hpcvmm %s: %v\n", cmd, err)
-		return "", nil, false
+		return "", nil, c.usageError(stderr, "%v", err)
 	}
-	return *dir, bdfs, true
+	return *dir, bdfs, -1
 }
 
+// parseBDFs parses the BDF arguments, stopping at the first bad one so the
+// error stays one line.
 func parseBDFs(args []string) ([]host.BDF, error) {
 	var out []host.BDF
-	var errs []error
 	for _, a := range args {
 		b, err := host.ParseBDF(a)
 		if err != nil {
-			errs = append(errs, err)
-			continue
+			return nil, err
 		}
 		out = append(out, b)
 	}
-	return out, errors.Join(errs...)
+	return out, nil
 }

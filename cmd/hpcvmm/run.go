@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,41 +12,50 @@ import (
 	"strings"
 	"syscall"
 
-	"golang.org/x/sys/unix"
+	"github.com/spf13/pflag"
+	"golang.org/x/term"
 
-	"github.com/hpcvmm/hpcvmm/guestmem"
-	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/vmm"
 )
 
-// runFlags are the flags of `hpcvmm run`, parsed into a vmm.Config.
+// runFlags are what `hpcvmm run`'s flags set: the vmm.Config (most flags
+// write straight into it) and the CLI's own settings.
 type runFlags struct {
-	cfg       vmm.Config
-	memory    string
-	hugepages string
-	numaNode  string
-	cpuList   string
-	console   string
-	logLevel  string
+	cfg      vmm.Config
+	logLevel slog.Level
 }
 
-func newRunFlagSet(stderr io.Writer) (*flag.FlagSet, *runFlags) {
-	f := &runFlags{cfg: vmm.DefaultConfig()}
-	fs := flag.NewFlagSet("hpcvmm run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&f.cfg.Kernel, "kernel", "", "bzImage to boot (e.g. /boot/vmlinuz-...)")
-	fs.StringVar(&f.cfg.Initrd, "initrd", "", "initramfs to load")
-	fs.StringVar(&f.cfg.Cmdline, "cmdline", "", "kernel command line (default: "+defaultCmdline(vmm.ConsoleVirtio)+" with --console virtio, "+defaultCmdline(vmm.ConsoleSerial)+" otherwise)")
-	fs.IntVar(&f.cfg.CPUs, "cpus", 1, "number of vCPUs")
-	fs.StringVar(&f.memory, "memory", "1G", "guest RAM (K/M/G/T suffixes)")
-	fs.StringVar(&f.hugepages, "hugepages", "1G", "page size backing guest RAM: 1G, 2M or none (4 KiB, development only)")
-	fs.StringVar(&f.numaNode, "numa-node", "auto", "host NUMA node for guest RAM and vCPUs (default: node of the first passthrough device, else the node with the most free hugepages)")
-	fs.StringVar(&f.cpuList, "cpu-list", "", "exact host CPUs for the vCPUs, e.g. 4-7 or 4,6,8")
-	fs.BoolVar(&f.cfg.AllowCrossNUMA, "allow-cross-numa", false, "allow a --cpu-list that spans NUMA nodes")
-	fs.StringVar(&f.console, "console", "virtio", "interactive console: virtio (guest hvc0), serial (guest ttyS0) or none; the UART always prints early boot messages")
-	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	addPassthroughFlags(fs, &f.cfg.Passthrough)
-	fs.Func("net", "virtio-net interface on a host TAP (repeatable): tap=NAME[,mac=MAC][,queues=N][,vhost=on|off]; a missing TAP is created and removed on exit", func(s string) error {
+// newRunCommand defines the flags of `hpcvmm run`, grouped as a user scans
+// them: what the guest is, where it runs, what it gets, how to talk to it.
+func newRunCommand() (*command, *runFlags) {
+	f := &runFlags{cfg: vmm.DefaultConfig(), logLevel: slog.LevelInfo}
+	c := newCommand("hpcvmm run",
+		"Boot a Linux guest directly (no firmware): vCPUs pinned to the host CPUs of one NUMA node, "+
+			"guest RAM on hugepages of that node, prefaulted before the guest starts, devices passed through VFIO.",
+		"hpcvmm run --kernel FILE [--initrd FILE] [--cmdline TEXT] [--cpus N]",
+		"[--memory SIZE] [--hugepages 1G|2M|none]",
+		"[--numa-node N|auto] [--cpu-list LIST] [--allow-cross-numa]",
+		"[--gpu BDF[,clique=N]]... [--vf BDF]... [--bind] [--p2p=false]",
+		"[--net tap=NAME[,mac=MAC][,queues=N][,vhost=on|off]]...",
+		"[--console virtio|serial|none] [--log-level debug|info|warn|error]")
+	c.footer = runFooter
+
+	g := c.group("Guest")
+	g.StringVar(&f.cfg.Kernel, "kernel", "", "`FILE`: the bzImage to boot (required): any distribution kernel, /boot/vmlinuz-*; boot protocol 2.06 or later")
+	g.StringVar(&f.cfg.Initrd, "initrd", "", "`FILE`: the initramfs to load")
+	g.StringVar(&f.cfg.Cmdline, "cmdline", "", "`TEXT`: the kernel command line (default \""+defaultCmdline(vmm.ConsoleVirtio)+"\"; without console=hvc0 unless --console virtio); reboot=k makes a guest reboot end the VM")
+	g.IntVar(&f.cfg.CPUs, "cpus", f.cfg.CPUs, "`N`: vCPUs, each a host thread pinned to one host CPU")
+	g.Var(sizeValue{&f.cfg.Memory}, "memory", "guest RAM, with a K, M, G or T suffix; a multiple of the page size")
+	g.Var(pageSizeValue{&f.cfg.HugePages}, "hugepages", "page size backing guest RAM: 1G, 2M, or none (4 KiB pages, development only)")
+
+	g = c.group("Placement")
+	g.Var(nodeValue{&f.cfg.NUMANode}, "numa-node", "host NUMA node for guest RAM and vCPUs; auto: the first passthrough device's node, else the node with the most free hugepages")
+	g.Var(cpuListValue{&f.cfg.CPUList}, "cpu-list", "exact host CPUs for the vCPUs, e.g. 4-7 or 4,6,8; vCPU i runs on the i-th (default: the node's CPUs)")
+	g.BoolVar(&f.cfg.AllowCrossNUMA, "allow-cross-numa", false, "accept a --cpu-list that spans NUMA nodes")
+
+	g = c.group("Devices")
+	addPassthroughFlags(g, &f.cfg.Passthrough)
+	g.Func("net", "`tap=NAME[,mac=MAC][,queues=N][,vhost=on|off]`: virtio-net on a host TAP, created if absent and removed afterwards; kernel vhost-net when available (repeatable)", func(s string) error {
 		n, err := parseNet(s)
 		if err != nil {
 			return err
@@ -55,38 +63,37 @@ func newRunFlagSet(stderr io.Writer) (*flag.FlagSet, *runFlags) {
 		f.cfg.Nets = append(f.cfg.Nets, n)
 		return nil
 	})
-	return fs, f
+
+	g = c.group("Console and logging")
+	g.Var(consoleValue{&f.cfg.Console}, "console", "where stdin/stdout go: virtio (guest /dev/hvc0), serial (the 16550 UART, guest ttyS0) or none; the UART always prints early boot messages")
+	g.Var(levelValue{&f.logLevel}, "log-level", "`LEVEL`: debug, info, warn or error")
+
+	c.hidden(func(fs *pflag.FlagSet) {
+		fs.StringVar(&f.cfg.SysfsRoot, "sysfs", "", "sysfs root (tests)")
+		fs.StringVar(&f.cfg.ProcfsRoot, "procfs", "", "procfs root (tests)")
+	})
+	return c.done(), f
 }
 
-// toConfig converts the string flags; each error names the flag.
-func (f *runFlags) toConfig() (vmm.Config, error) {
+// runFooter is the end of `hpcvmm run --help`: the console keys and the
+// exit statuses, which scripts depend on (README.md has the same).
+const runFooter = `On a terminal, stdin is put in raw mode: Ctrl-A x stops the VM, Ctrl-A Ctrl-A
+sends one Ctrl-A. SIGINT and SIGTERM stop the VM and release everything.
+
+Exit status:
+  0  the guest rebooted or powered off
+  1  the VM or hpcvmm failed (a triple fault, a KVM error, a VMM error), or the
+     host cannot run this VM (hpcvmm check shows why, with fixes)
+  2  invalid input, reported before anything on the host changes`
+
+// toConfig completes the Config: the command line's default follows the
+// console.
+func (f *runFlags) toConfig() vmm.Config {
 	cfg := f.cfg
-	var errs []error
-	mem, err := guestmem.ParseSize(f.memory)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("--memory: %w", err))
-	}
-	cfg.Memory = mem
-	if cfg.HugePages, err = guestmem.ParsePageSize(f.hugepages); err != nil {
-		errs = append(errs, fmt.Errorf("--hugepages: %w", err))
-	}
-	if f.numaNode == "auto" || f.numaNode == "" {
-		cfg.NUMANode = vmm.NUMANodeAuto
-	} else if n, err := strconv.Atoi(f.numaNode); err != nil || n < 0 {
-		errs = append(errs, fmt.Errorf("--numa-node %q: want a node number or auto", f.numaNode))
-	} else {
-		cfg.NUMANode = n
-	}
-	if f.cpuList != "" {
-		if cfg.CPUList, err = host.ParseCPUList(f.cpuList); err != nil {
-			errs = append(errs, fmt.Errorf("--cpu-list: %w", err))
-		}
-	}
-	cfg.Console = vmm.ConsoleKind(f.console)
 	if cfg.Cmdline == "" {
 		cfg.Cmdline = defaultCmdline(cfg.Console)
 	}
-	return cfg, errors.Join(errs...)
+	return cfg
 }
 
 // defaultCmdline is the kernel command line when --cmdline is not given:
@@ -104,7 +111,7 @@ func defaultCmdline(c vmm.ConsoleKind) string {
 var flagNames = map[string]string{
 	"Kernel": "--kernel", "Initrd": "--initrd", "CPUs": "--cpus", "Memory": "--memory",
 	"HugePages": "--hugepages", "NUMANode": "--numa-node", "CPUList": "--cpu-list", "Console": "--console",
-	"Passthrough": "passthrough",
+	"Passthrough": "--gpu/--vf",
 	"Nets":        "--net",
 }
 
@@ -167,38 +174,32 @@ func describeError(err error) string {
 		}
 		msgs = append(msgs, e.Error())
 	}
-	return strings.Join(msgs, "\nhpcvmm: ")
+	return strings.Join(msgs, "\nhpcvmm run: ")
 }
 
-func parseLevel(s string) (slog.Level, error) {
-	var l slog.Level
-	err := l.UnmarshalText([]byte(s))
-	if err != nil {
-		return l, fmt.Errorf("--log-level %q: want debug, info, warn or error", s)
+// exitStatus maps vmm.New's error to the exit status: 2 when the input is
+// at fault (a vmm.FieldError names the flag), 1 for everything else,
+// including a host that cannot run the VM (a vmm.PreflightError): the same
+// failures make `hpcvmm check` exit 1, and no flag value would fix them.
+func exitStatus(err error) int {
+	var fe *vmm.FieldError
+	var pe *vmm.PreflightError
+	if errors.As(err, &fe) && !errors.As(err, &pe) {
+		return 2
 	}
-	return l, nil
+	return 1
 }
 
 func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs, f := newRunFlagSet(stderr)
-	if err := fs.Parse(args); err != nil {
-		return 2
+	c, f := newRunCommand()
+	if rc := c.parse(args, stdout, stderr); rc >= 0 {
+		return rc
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "hpcvmm run: unexpected argument %q\n", fs.Arg(0))
-		return 2
+	if rc := c.noArgs(stderr, "the kernel is given with --kernel"); rc >= 0 {
+		return rc
 	}
-	level, err := parseLevel(f.logLevel)
-	if err != nil {
-		fmt.Fprintln(stderr, "hpcvmm:", err)
-		return 2
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	cfg, err := f.toConfig()
-	if err != nil {
-		fmt.Fprintln(stderr, "hpcvmm:", describeError(err))
-		return 2
-	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: f.logLevel}))
+	cfg := f.toConfig()
 	cfg.Logger = log
 	cfg.Stdout = stdout
 	cfg.Progress = stderr
@@ -215,20 +216,22 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 	}()
 
+	termFD := -1
 	if cfg.Console == vmm.ConsoleSerial || cfg.Console == vmm.ConsoleVirtio {
-		in, restore := consoleInput(stdin, func() { cancel(errors.New("console escape Ctrl-A x")) }, log)
-		defer restore()
+		in, fd := consoleInput(stdin, func() { cancel(errors.New("console escape Ctrl-A x")) })
+		termFD = fd
 		cfg.Stdin = in
 		cfg.ConsoleRows, cfg.ConsoleCols = terminalSize(stdout)
 	}
 
 	vm, err := vmm.New(cfg)
 	if err != nil {
-		fmt.Fprintln(stderr, "hpcvmm:", describeError(err))
-		if errors.As(err, new(*vmm.FieldError)) || errors.As(err, new(*vmm.PreflightError)) {
-			return 2
-		}
-		return 1
+		fmt.Fprintln(stderr, "hpcvmm run:", describeError(err))
+		return exitStatus(err)
+	}
+	if termFD >= 0 {
+		restore := makeRaw(termFD, log)
+		defer restore()
 	}
 	if cfg.Console == vmm.ConsoleVirtio {
 		stopResize := forwardResizes(stdout, vm)
@@ -237,74 +240,117 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	runErr := vm.Run(ctx)
 	closeErr := vm.Close()
 	if runErr != nil {
-		fmt.Fprintln(stderr, "hpcvmm:", runErr)
+		fmt.Fprintln(stderr, "hpcvmm run:", runErr)
 		return 1
 	}
 	if closeErr != nil {
-		fmt.Fprintln(stderr, "hpcvmm: releasing the VM:", closeErr)
+		fmt.Fprintln(stderr, "hpcvmm run: releasing the VM:", closeErr)
 		return 1
 	}
 	return 0
 }
 
-// consoleInput wires stdin to the guest console. When stdin is a terminal
-// it is put in raw mode (restored by the returned func) so keys reach the
-// guest unchanged; Ctrl-A x then stops the VM, as in QEMU.
-func consoleInput(stdin io.Reader, escape func(), log *slog.Logger) (io.Reader, func()) {
+// consoleInput returns what the guest console reads and, when stdin is a
+// terminal, its descriptor (else -1) for makeRaw. On a terminal the bytes go
+// through the Ctrl-A escape reader; anything else (a pipe, a file) passes
+// unchanged, so scripted input may contain any byte.
+func consoleInput(stdin io.Reader, escape func()) (in io.Reader, termFD int) {
 	file, ok := stdin.(*os.File)
-	if !ok {
-		return stdin, func() {}
+	if !ok || !term.IsTerminal(int(file.Fd())) {
+		return stdin, -1
 	}
-	fd := int(file.Fd())
-	saved, err := unix.IoctlGetTermios(fd, unix.TCGETS)
-	if err != nil {
-		return stdin, func() {} // not a terminal: pass bytes through
-	}
-	raw := *saved
-	raw.Iflag &^= unix.IGNBRK | unix.BRKINT | unix.PARMRK | unix.ISTRIP | unix.INLCR | unix.IGNCR | unix.ICRNL | unix.IXON
-	raw.Oflag &^= unix.OPOST
-	raw.Lflag &^= unix.ECHO | unix.ECHONL | unix.ICANON | unix.ISIG | unix.IEXTEN
-	raw.Cflag &^= unix.CSIZE | unix.PARENB
-	raw.Cflag |= unix.CS8
-	raw.Cc[unix.VMIN], raw.Cc[unix.VTIME] = 1, 0
-	if err := unix.IoctlSetTermios(fd, unix.TCSETS, &raw); err != nil {
-		log.Warn("console: cannot switch the terminal to raw mode", "err", err)
-		return stdin, func() {}
-	}
-	log.Info("console: terminal in raw mode; Ctrl-A x stops the VM")
-	restore := func() { _ = unix.IoctlSetTermios(fd, unix.TCSETS, saved) }
-	return &escapeReader{r: stdin, escape: escape}, restore
+	return &escapeReader{r: stdin, escape: escape}, int(file.Fd())
 }
 
-// escapeReader passes bytes through, watching for Ctrl-A x.
+// makeRaw puts the terminal in raw mode, so every key (Ctrl-C included)
+// reaches the guest unchanged, and returns the func that restores it. It is
+// called only once the VM is built, so input rejected by vmm.New leaves the
+// terminal as it was.
+func makeRaw(fd int, log *slog.Logger) (restore func()) {
+	saved, err := term.MakeRaw(fd)
+	if err != nil {
+		log.Warn("console: cannot switch the terminal to raw mode; keys are line-buffered and Ctrl-C stops hpcvmm", "err", err)
+		return func() {}
+	}
+	log.Info("console: terminal in raw mode; Ctrl-A x stops the VM, Ctrl-A Ctrl-A sends Ctrl-A")
+	return func() { _ = term.Restore(fd, saved) }
+}
+
+// ctrlA is the console escape key (as in QEMU and screen): Ctrl-A x stops
+// the VM, Ctrl-A Ctrl-A sends one Ctrl-A, Ctrl-A before anything else is
+// passed on with that byte.
+const ctrlA = 0x01
+
+// escapeReader passes terminal input through, watching for Ctrl-A x. A key
+// arrives as one read of one or more bytes (an arrow key is three), and a
+// Ctrl-A is held back until the next byte decides what it is, so one Read
+// can have one byte more to give than it was handed: decoded bytes are
+// therefore produced from input kept in its own buffer, never in place in
+// the caller's, and only as many as fit.
 type escapeReader struct {
 	r       io.Reader
 	escape  func()
-	pending bool // the previous byte was Ctrl-A
+	buf     []byte // read from r; in is its unconsumed part
+	in      []byte
+	err     error // r's error (or io.EOF after Ctrl-A x), returned once in is drained
+	pending bool  // the last byte consumed was a Ctrl-A not yet passed on
 }
 
 func (e *escapeReader) Read(p []byte) (int, error) {
-	n, err := e.r.Read(p)
-	out := p[:0]
-	for _, b := range p[:n] {
-		switch {
-		case e.pending && b == 'x':
-			e.escape()
-			return len(out), io.EOF
-		case e.pending && b == 0x01:
-			out = append(out, 0x01) // Ctrl-A Ctrl-A sends one Ctrl-A
-			e.pending = false
-			continue
-		case e.pending:
-			out = append(out, 0x01)
-			e.pending = false
-		case b == 0x01:
-			e.pending = true
-			continue
-		}
-		out = append(out, b)
+	if len(p) == 0 {
+		return 0, nil
 	}
-	return len(out), err
+	for {
+		w := 0
+		for w < len(p) && len(e.in) > 0 {
+			b := e.in[0]
+			if !e.pending {
+				e.in = e.in[1:]
+				if b == ctrlA {
+					e.pending = true
+				} else {
+					p[w] = b
+					w++
+				}
+				continue
+			}
+			e.pending = false
+			switch b {
+			case 'x':
+				e.in, e.err = nil, io.EOF
+				e.escape()
+			case ctrlA:
+				e.in = e.in[1:]
+				p[w] = ctrlA
+				w++
+			default:
+				// The held Ctrl-A goes on; b is looked at again, as an
+				// ordinary byte, in the next iteration.
+				p[w] = ctrlA
+				w++
+			}
+		}
+		if w > 0 {
+			return w, nil
+		}
+		if e.err != nil {
+			if e.pending {
+				// Input ended after a Ctrl-A: nothing can follow it.
+				e.pending = false
+				p[0] = ctrlA
+				return 1, nil
+			}
+			return 0, e.err
+		}
+		if e.buf == nil {
+			e.buf = make([]byte, max(len(p), 64))
+		}
+		n, err := e.r.Read(e.buf)
+		e.in, e.err = e.buf[:n], err
+		if n == 0 && err == nil {
+			return 0, nil // let the caller decide whether to read again
+		}
+	}
 }
 
 // terminalSize returns the rows and columns of out when it is a terminal,
@@ -314,11 +360,11 @@ func terminalSize(out io.Writer) (rows, cols uint16) {
 	if !ok {
 		return 0, 0
 	}
-	ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ)
-	if err != nil {
+	w, h, err := term.GetSize(int(f.Fd()))
+	if err != nil || w <= 0 || h <= 0 || w > 0xffff || h > 0xffff {
 		return 0, 0
 	}
-	return ws.Row, ws.Col
+	return uint16(h), uint16(w)
 }
 
 // forwardResizes passes terminal size changes (SIGWINCH) to the guest's

@@ -1,0 +1,189 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+
+	"github.com/hpcvmm/hpcvmm/guestmem"
+	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/vmm"
+)
+
+// Flag values that convert while parsing, so a bad value is reported by the
+// parser with the flag's name, on one line, before any other work. Each
+// Type is the placeholder --help shows when the usage text has none.
+
+// sizeValue is a byte count with K/M/G/T suffixes (--memory).
+type sizeValue struct{ p *uint64 }
+
+func (v sizeValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return guestmem.FormatSize(*v.p)
+}
+func (v sizeValue) Type() string { return "SIZE" }
+func (v sizeValue) Set(s string) error {
+	n, err := guestmem.ParseSize(s)
+	if err != nil {
+		return err
+	}
+	*v.p = n
+	return nil
+}
+
+// pageSizeValue is 1G, 2M or none (--hugepages).
+type pageSizeValue struct{ p *guestmem.PageSize }
+
+func (v pageSizeValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	if *v.p == guestmem.Page4K {
+		return "none"
+	}
+	return v.p.String()
+}
+func (v pageSizeValue) Type() string { return "PAGE" }
+func (v pageSizeValue) Set(s string) error {
+	p, err := guestmem.ParsePageSize(s)
+	if err != nil {
+		return fmt.Errorf("want 1G, 2M or none (4 KiB pages)")
+	}
+	*v.p = p
+	return nil
+}
+
+// nodeValue is a NUMA node number or auto (vmm.NUMANodeAuto).
+type nodeValue struct{ p *int }
+
+func (v nodeValue) String() string {
+	if v.p == nil || *v.p == vmm.NUMANodeAuto {
+		return "auto"
+	}
+	return strconv.Itoa(*v.p)
+}
+func (v nodeValue) Type() string { return "NODE" }
+func (v nodeValue) Set(s string) error {
+	if s == "auto" {
+		*v.p = vmm.NUMANodeAuto
+		return nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return fmt.Errorf("want a node number or auto")
+	}
+	*v.p = n
+	return nil
+}
+
+// cpuListValue is a host CPU list such as 4-7 or 4,6,8 (--cpu-list).
+type cpuListValue struct{ p *[]int }
+
+func (v cpuListValue) String() string {
+	if v.p == nil || len(*v.p) == 0 {
+		return ""
+	}
+	return host.FormatCPUList(*v.p)
+}
+func (v cpuListValue) Type() string { return "LIST" }
+func (v cpuListValue) Set(s string) error {
+	l, err := host.ParseCPUList(s)
+	if err != nil {
+		return err
+	}
+	if len(l) == 0 {
+		return fmt.Errorf("empty: list CPUs such as 4-7 or 4,6,8, or leave --cpu-list out")
+	}
+	*v.p = l
+	return nil
+}
+
+// consoleValue is virtio, serial or none (--console).
+type consoleValue struct{ p *vmm.ConsoleKind }
+
+func (v consoleValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return string(*v.p)
+}
+func (v consoleValue) Type() string { return "KIND" }
+func (v consoleValue) Set(s string) error {
+	switch k := vmm.ConsoleKind(s); k {
+	case vmm.ConsoleVirtio, vmm.ConsoleSerial, vmm.ConsoleNone:
+		*v.p = k
+		return nil
+	}
+	return fmt.Errorf("want virtio, serial or none")
+}
+
+// levelValue is a log/slog level name (--log-level).
+type levelValue struct{ p *slog.Level }
+
+func (v levelValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return strings.ToLower(v.p.String())
+}
+func (v levelValue) Type() string { return "LEVEL" }
+func (v levelValue) Set(s string) error {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return fmt.Errorf("want debug, info, warn or error")
+	}
+	*v.p = l
+	return nil
+}
+
+// stringList collects a repeatable flag; a comma-separated value is kept
+// whole (a --gpu value carries ",clique=N").
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, " ") }
+func (l *stringList) Type() string   { return "VALUE" }
+func (l *stringList) Set(v string) error {
+	*l = append(*l, v)
+	return nil
+}
+
+// bdfList collects a repeatable BDF flag; a comma-separated value adds
+// several.
+type bdfList []string
+
+func (l *bdfList) String() string { return strings.Join(*l, ",") }
+func (l *bdfList) Type() string   { return "BDF" }
+func (l *bdfList) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
+}
+
+// notValue is a true/false flag stored inverted: --p2p sets
+// PassthroughConfig.NoP2P, whose zero value is the default (P2P on).
+type notValue struct{ p *bool }
+
+func (v notValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return strconv.FormatBool(!*v.p)
+}
+func (v notValue) Type() string { return "bool" }
+func (v notValue) Set(s string) error {
+	switch s {
+	case "true", "on", "1":
+		*v.p = false
+	case "false", "off", "0":
+		*v.p = true
+	default:
+		return fmt.Errorf("want true or false")
+	}
+	return nil
+}
