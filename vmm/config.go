@@ -78,10 +78,30 @@ type Config struct {
 	Nets []NetConfig
 	// Passthrough lists the host devices given to the guest through VFIO.
 	Passthrough PassthroughConfig
+	// NoACPI boots with an Intel MP table instead of ACPI tables, for
+	// kernels built without ACPI. The guest then has no MCFG (config space
+	// through port 0xCF8 only: 256 bytes per function), no NUMA
+	// information, no power button, at most 254 vCPUs, and a flat CPU
+	// topology.
+	NoACPI bool
+	// Topology is how the guest's CPU topology relates to the host's:
+	// TopologyHost (the default) mirrors the pinned host CPUs' threads,
+	// cores, shared caches and packages; TopologyFlat gives n
+	// single-thread cores in one package.
+	Topology TopologyKind
 	// SysfsRoot and ProcfsRoot let tests point host discovery at a captured
 	// tree; empty means /sys and /proc.
 	SysfsRoot, ProcfsRoot string
 }
+
+// TopologyKind selects how the guest's CPU and device topology is laid out.
+type TopologyKind string
+
+// The topology kinds.
+const (
+	TopologyHost TopologyKind = "host" // mirror the host's (default)
+	TopologyFlat TopologyKind = "flat" // one package of single-thread cores
+)
 
 // DefaultConfig returns a Config with hpcvmm's defaults: 1 vCPU, 1 GiB of
 // RAM on 1 GiB hugepages, NUMA node chosen automatically, virtio console.
@@ -124,6 +144,11 @@ func (c *Config) Validate() error {
 		if err := checkReadableFile(c.Initrd); err != nil {
 			errs = append(errs, fieldErr("Initrd", "%v", err))
 		}
+	}
+	switch c.Topology {
+	case "", TopologyHost, TopologyFlat:
+	default:
+		errs = append(errs, fieldErr("Topology", "%q: want host or flat", c.Topology))
 	}
 	if c.CPUs < 1 {
 		errs = append(errs, fieldErr("CPUs", "%d vCPUs: need at least 1", c.CPUs))

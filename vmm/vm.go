@@ -310,6 +310,9 @@ func (vm *VM) addPlatformDevices() error {
 	if err := vm.pio.Register(i8042CmdPort, 1, "i8042 command", kbd.CommandPort()); err != nil {
 		return err
 	}
+	if vm.cfg.NoACPI {
+		return nil
+	}
 	return vm.addACPIDevices()
 }
 

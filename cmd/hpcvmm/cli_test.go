@@ -185,10 +185,10 @@ func TestHelp(t *testing.T) {
 func TestRunHelpGroups(t *testing.T) {
 	_, out, _ := hpcvmm("run", "--help")
 	groups := map[string][]string{
-		"Guest":               {"kernel", "initrd", "cmdline", "cpus", "memory", "hugepages"},
-		"Placement":           {"numa-node", "cpu-list", "allow-cross-numa"},
+		"Guest":               {"kernel", "initrd", "cmdline", "cpus", "memory", "hugepages", "acpi"},
+		"Placement":           {"numa-node", "cpu-list", "allow-cross-numa", "topology"},
 		"Devices":             {"gpu", "vf", "bind", "p2p", "net"},
-		"Console and logging": {"console", "log-level"},
+		"Console and logging": {"console", "log-level", "shutdown-timeout"},
 		"Other":               {"help"},
 	}
 	order := []string{"Guest", "Placement", "Devices", "Console and logging", "Other"}

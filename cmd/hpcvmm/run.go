@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
 	"golang.org/x/term"
@@ -21,14 +22,15 @@ import (
 // runFlags are what `hpcvmm run`'s flags set: the vmm.Config (most flags
 // write straight into it) and the CLI's own settings.
 type runFlags struct {
-	cfg      vmm.Config
-	logLevel slog.Level
+	cfg             vmm.Config
+	logLevel        slog.Level
+	shutdownTimeout time.Duration
 }
 
 // newRunCommand defines the flags of `hpcvmm run`, grouped as a user scans
 // them: what the guest is, where it runs, what it gets, how to talk to it.
 func newRunCommand() (*command, *runFlags) {
-	f := &runFlags{cfg: vmm.DefaultConfig(), logLevel: slog.LevelInfo}
+	f := &runFlags{cfg: vmm.DefaultConfig(), logLevel: slog.LevelInfo, shutdownTimeout: 30 * time.Second}
 	c := newCommand("hpcvmm run",
 		"Boot a Linux guest directly (no firmware): vCPUs pinned to the host CPUs of one NUMA node, "+
 			"guest RAM on hugepages of that node, prefaulted before the guest starts, devices passed through VFIO.",
@@ -37,7 +39,8 @@ func newRunCommand() (*command, *runFlags) {
 		"[--numa-node N|auto] [--cpu-list LIST] [--allow-cross-numa]",
 		"[--gpu BDF[,clique=N]]... [--vf BDF]... [--bind] [--p2p=false]",
 		"[--net tap=NAME[,mac=MAC][,queues=N][,vhost=on|off]]...",
-		"[--console virtio|serial|none] [--log-level debug|info|warn|error]")
+		"[--console virtio|serial|none] [--log-level debug|info|warn|error]",
+		"[--acpi on|off] [--topology host|flat] [--shutdown-timeout DURATION]")
 	c.footer = runFooter
 
 	g := c.group("Guest")
@@ -47,11 +50,13 @@ func newRunCommand() (*command, *runFlags) {
 	g.IntVar(&f.cfg.CPUs, "cpus", f.cfg.CPUs, "`N`: vCPUs, each a host thread pinned to one host CPU")
 	g.Var(sizeValue{&f.cfg.Memory}, "memory", "guest RAM, with a K, M, G or T suffix; a multiple of the page size")
 	g.Var(pageSizeValue{&f.cfg.HugePages}, "hugepages", "page size backing guest RAM: 1G, 2M, or none (4 KiB pages, development only)")
+	g.Var(onOffValue{p: &f.cfg.NoACPI, invert: true}, "acpi", "on: ACPI tables (MADT, MCFG for the full 4 KiB config space, SRAT/SLIT, power button); off: an MP table only, for kernels without ACPI (at most 254 vCPUs, flat topology)")
 
 	g = c.group("Placement")
 	g.Var(nodeValue{&f.cfg.NUMANode}, "numa-node", "host NUMA node for guest RAM and vCPUs; auto: the first passthrough device's node, else the node with the most free hugepages")
 	g.Var(cpuListValue{&f.cfg.CPUList}, "cpu-list", "exact host CPUs for the vCPUs, e.g. 4-7 or 4,6,8; vCPU i runs on the i-th (default: the node's CPUs)")
 	g.BoolVar(&f.cfg.AllowCrossNUMA, "allow-cross-numa", false, "accept a --cpu-list that spans NUMA nodes")
+	g.Var(topologyValue{&f.cfg.Topology}, "topology", "host: vCPUs on SMT siblings are threads of one guest core, vCPUs on cores sharing an L3 share one in the guest; flat: single-thread cores in one package")
 
 	g = c.group("Devices")
 	addPassthroughFlags(g, &f.cfg.Passthrough)
@@ -67,6 +72,7 @@ func newRunCommand() (*command, *runFlags) {
 	g = c.group("Console and logging")
 	g.Var(consoleValue{&f.cfg.Console}, "console", "where stdin/stdout go: virtio (guest /dev/hvc0), serial (the 16550 UART, guest ttyS0) or none; the UART always prints early boot messages")
 	g.Var(levelValue{&f.logLevel}, "log-level", "`LEVEL`: debug, info, warn or error")
+	g.DurationVar(&f.shutdownTimeout, "shutdown-timeout", f.shutdownTimeout, "`DURATION`: after SIGTERM/SIGINT, how long the guest has to power off after the ACPI power button before it is stopped hard")
 
 	c.hidden(func(fs *pflag.FlagSet) {
 		fs.StringVar(&f.cfg.SysfsRoot, "sysfs", "", "sysfs root (tests)")
@@ -78,7 +84,10 @@ func newRunCommand() (*command, *runFlags) {
 // runFooter is the end of `hpcvmm run --help`: the console keys and the
 // exit statuses, which scripts depend on (README.md has the same).
 const runFooter = `On a terminal, stdin is put in raw mode: Ctrl-A x stops the VM, Ctrl-A Ctrl-A
-sends one Ctrl-A. SIGINT and SIGTERM stop the VM and release everything.
+sends one Ctrl-A. The first SIGINT or SIGTERM presses the guest's ACPI power
+button and waits --shutdown-timeout for it to power off (exit status 0); a
+second signal, the timeout, or a guest without ACPI stops the VM hard
+(exit status 1). Either way everything the VM held is released.
 
 Exit status:
   0  the guest rebooted or powered off
@@ -207,14 +216,11 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
-	sigs := make(chan os.Signal, 1)
+	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
-	go func() {
-		if s, ok := <-sigs; ok {
-			cancel(fmt.Errorf("received %v", s))
-		}
-	}()
+	built := make(chan powerButton, 1)
+	go handleStopSignals(ctx, sigs, built, f.shutdownTimeout, cancel, log)
 
 	termFD := -1
 	if cfg.Console == vmm.ConsoleSerial || cfg.Console == vmm.ConsoleVirtio {
@@ -229,6 +235,7 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "hpcvmm run:", describeError(err))
 		return exitStatus(err)
 	}
+	built <- vm
 	if termFD >= 0 {
 		restore := makeRaw(termFD, log)
 		defer restore()
@@ -386,4 +393,61 @@ func forwardResizes(out io.Writer, vm *vmm.VM) (stop func()) {
 		}
 	}()
 	return func() { signal.Stop(ch); close(done) }
+}
+
+// powerButton is the part of *vmm.VM a stop signal uses.
+type powerButton interface {
+	PressPowerButton() error
+	Shutdown(ctx context.Context) error
+}
+
+// handleStopSignals turns SIGINT/SIGTERM into a clean shutdown: the first
+// presses the guest's ACPI power button (once the VM is built) and gives the
+// guest timeout to power off, logging as it counts down; a second signal or
+// the timeout stops the VM hard through cancel, whose cause Run returns. A
+// signal before the VM exists, or a guest without ACPI, stops it at once.
+func handleStopSignals(ctx context.Context, sigs <-chan os.Signal, built <-chan powerButton, timeout time.Duration,
+	cancel context.CancelCauseFunc, log *slog.Logger) {
+	var first os.Signal
+	select {
+	case first = <-sigs:
+	case <-ctx.Done():
+		return
+	}
+	var vm powerButton
+	select {
+	case vm = <-built:
+	default:
+	}
+	if vm == nil || timeout <= 0 {
+		cancel(fmt.Errorf("received %v", first))
+		return
+	}
+	log.Info("asking the guest to shut down (ACPI power button); a second signal stops it now",
+		"signal", first.String(), "timeout", timeout)
+	sctx, stop := context.WithTimeout(ctx, timeout)
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- vm.Shutdown(sctx) }() // presses the button, then waits
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	deadline := time.Now().Add(timeout)
+	for {
+		select {
+		case err := <-done:
+			switch {
+			case err == nil || ctx.Err() != nil:
+			case sctx.Err() != nil:
+				cancel(fmt.Errorf("the guest did not shut down within --shutdown-timeout %v after %v: stopped it", timeout, first))
+			default: // no power button (--acpi=off)
+				cancel(fmt.Errorf("received %v (%v)", first, err))
+			}
+			return
+		case s := <-sigs:
+			cancel(fmt.Errorf("received %v again while the guest was shutting down: stopped it", s))
+			return
+		case <-tick.C:
+			log.Info("waiting for the guest to power off", "left", time.Until(deadline).Round(time.Second))
+		}
+	}
 }

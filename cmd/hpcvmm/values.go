@@ -187,3 +187,48 @@ func (v notValue) Set(s string) error {
 	}
 	return nil
 }
+
+// topologyValue is --topology: host or flat.
+type topologyValue struct{ p *vmm.TopologyKind }
+
+func (v topologyValue) String() string {
+	if v.p == nil || *v.p == "" {
+		return string(vmm.TopologyHost)
+	}
+	return string(*v.p)
+}
+func (v topologyValue) Type() string { return "KIND" }
+func (v topologyValue) Set(s string) error {
+	switch k := vmm.TopologyKind(s); k {
+	case vmm.TopologyHost, vmm.TopologyFlat:
+		*v.p = k
+		return nil
+	}
+	return fmt.Errorf("want host or flat")
+}
+
+// onOffValue is a boolean spelled on/off (--acpi), stored inverted when the
+// Config field says what is off.
+type onOffValue struct {
+	p      *bool
+	invert bool
+}
+
+func (v onOffValue) String() string {
+	if v.p == nil || *v.p == v.invert {
+		return "off"
+	}
+	return "on"
+}
+func (v onOffValue) Type() string { return "on|off" }
+func (v onOffValue) Set(s string) error {
+	switch s {
+	case "on":
+		*v.p = !v.invert
+	case "off":
+		*v.p = v.invert
+	default:
+		return fmt.Errorf("want on or off")
+	}
+	return nil
+}
