@@ -74,6 +74,11 @@ type irqfdVector struct {
 	gsi      uint32
 	hasGSI   bool
 	assigned bool
+	// routed is the message gsi's route carries (valid once hasRoute):
+	// unmasking with the same message needs only the irqfd, not a new
+	// routing table in KVM.
+	routed   MSIMessage
+	hasRoute bool
 }
 
 // Vectors is an msix.Target that delivers each vector through its own eventfd
@@ -81,16 +86,23 @@ type irqfdVector struct {
 // is applied to KVM's routing with the ordering that never injects a stale
 // or masked message: when masking, deassign the irqfd before touching the
 // route; when unmasking, set the route and then assign the irqfd.
+//
+// A vector signalled while masked keeps its signal in the eventfd's counter
+// (no irqfd reads it): TakePending finds it for the PBA, and assigning the
+// irqfd on unmask makes KVM deliver it.
 type Vectors struct {
 	router  Router
+	name    string
 	onError func(error)
 	vecs    []irqfdVector
+	drain   [8]byte
 }
 
-// NewVectors creates one eventfd per vector. onError (may be nil) hears about
+// NewVectors creates one eventfd per vector for the device called name (in
+// errors, e.g. "0000:01:00.0 MSI-X"). onError (may be nil) hears about
 // routing failures, which have no other way out of a guest MMIO write.
-func NewVectors(router Router, vectors int, onError func(error)) (*Vectors, error) {
-	t := &Vectors{router: router, onError: onError, vecs: make([]irqfdVector, vectors)}
+func NewVectors(router Router, name string, vectors int, onError func(error)) (*Vectors, error) {
+	t := &Vectors{router: router, name: name, onError: onError, vecs: make([]irqfdVector, vectors)}
 	for i := range t.vecs {
 		t.vecs[i].fd = -1
 	}
@@ -98,7 +110,7 @@ func NewVectors(router Router, vectors int, onError func(error)) (*Vectors, erro
 		fd, err := NewEventFD()
 		if err != nil {
 			t.Close()
-			return nil, fmt.Errorf("irq: MSI-X vector %d: %w", i, err)
+			return nil, fmt.Errorf("irq: %s vector %d: %w", name, i, err)
 		}
 		t.vecs[i].fd = fd
 	}
@@ -118,9 +130,12 @@ func (t *Vectors) VectorChanged(vector int, msg MSIMessage) {
 	}
 	v := &t.vecs[vector]
 	if msg.Masked {
+		// The route stays in KVM's table untouched: with no irqfd on it
+		// nothing uses it, and leaving it saves a table push now and,
+		// when the message is unchanged, at unmask.
 		if v.assigned {
 			if err := t.router.DeassignIRQFD(v.fd, v.gsi); err != nil {
-				t.report(fmt.Errorf("irq: mask MSI-X vector %d (gsi %d): %w", vector, v.gsi, err))
+				t.report(fmt.Errorf("irq: %s: mask vector %d (gsi %d): %w", t.name, vector, v.gsi, err))
 				return
 			}
 			v.assigned = false
@@ -130,22 +145,45 @@ func (t *Vectors) VectorChanged(vector int, msg MSIMessage) {
 	if !v.hasGSI {
 		gsi, err := t.router.AllocGSI()
 		if err != nil {
-			t.report(fmt.Errorf("irq: MSI-X vector %d: allocate GSI: %w", vector, err))
+			t.report(fmt.Errorf("irq: %s: vector %d of %d: allocate GSI: %w", t.name, vector, len(t.vecs), err))
 			return
 		}
 		v.gsi, v.hasGSI = gsi, true
 	}
-	if err := t.router.SetMSIRoute(v.gsi, uint32(msg.Addr), uint32(msg.Addr>>32), msg.Data); err != nil {
-		t.report(fmt.Errorf("irq: MSI-X vector %d: route gsi %d to %#x/%#x: %w", vector, v.gsi, msg.Addr, msg.Data, err))
-		return
+	route := MSIMessage{Addr: msg.Addr, Data: msg.Data}
+	if !v.hasRoute || v.routed != route {
+		if err := t.router.SetMSIRoute(v.gsi, uint32(msg.Addr), uint32(msg.Addr>>32), msg.Data); err != nil {
+			v.hasRoute = false // KVM's table may hold either message now
+			t.report(fmt.Errorf("irq: %s: vector %d: route gsi %d to %#x/%#x: %w", t.name, vector, v.gsi, msg.Addr, msg.Data, err))
+			return
+		}
+		v.routed, v.hasRoute = route, true
 	}
 	if !v.assigned {
 		if err := t.router.AssignIRQFD(v.fd, v.gsi); err != nil {
-			t.report(fmt.Errorf("irq: unmask MSI-X vector %d (gsi %d): %w", vector, v.gsi, err))
+			t.report(fmt.Errorf("irq: %s: unmask vector %d (gsi %d): %w", t.name, vector, v.gsi, err))
 			return
 		}
 		v.assigned = true
 	}
+}
+
+// TakePending reports whether vector was signalled while its irqfd was
+// not assigned (masked, or never unmasked) and clears that signal: it was
+// left in the eventfd's counter, since no irqfd consumed it. Devices call
+// it to show a masked vector's pending bit in the PBA; once they have
+// taken the signal, they re-deliver it with Signal after unmasking. It
+// returns false for an assigned vector, whose signals KVM delivered.
+// Allocation-free.
+func (t *Vectors) TakePending(vector int) bool {
+	if vector < 0 || vector >= len(t.vecs) {
+		return false
+	}
+	v := &t.vecs[vector]
+	if v.assigned || v.fd < 0 {
+		return false
+	}
+	return DrainEventFD(v.fd, t.drain[:])
 }
 
 // ControlChanged implements msix.Target; per-vector effective masks already
@@ -158,7 +196,7 @@ func (t *Vectors) Signal(vector int) {
 		return
 	}
 	if err := SignalEventFD(t.vecs[vector].fd); err != nil {
-		t.report(fmt.Errorf("irq: signal MSI-X vector %d: %w", vector, err))
+		t.report(fmt.Errorf("irq: %s: signal vector %d: %w", t.name, vector, err))
 	}
 }
 
@@ -173,7 +211,7 @@ func (t *Vectors) Close() error {
 		v := &t.vecs[i]
 		if v.assigned {
 			if err := t.router.DeassignIRQFD(v.fd, v.gsi); err != nil {
-				errs = append(errs, fmt.Errorf("irq: close MSI-X vector %d: %w", i, err))
+				errs = append(errs, fmt.Errorf("irq: %s: close vector %d: %w", t.name, i, err))
 			}
 			v.assigned = false
 		}

@@ -2,7 +2,9 @@
 // the KVM ioctls and the structures they exchange (and, later, VFIO, vhost
 // and TUN), typed file-descriptor handles (System, VM, VCPU), the mmapped
 // struct kvm_run, and the few raw system calls golang.org/x/sys/unix lacks
-// (mbind).
+// (mbind). It also holds the atomic 16-bit accesses to memory shared with
+// the guest (guestatomic.go): they need a pointer conversion, and this is
+// the package allowed one.
 //
 // It is the only package in the project that imports unsafe or spells an
 // ioctl number. Everything above it (vmm, boot, guestmem, the integration

@@ -267,7 +267,7 @@ func (p *PCIDevice) isMSIX(b *barState, offset uint64, n int) bool {
 	if m.tableBAR == b.index && m.inTable(offset, n) {
 		return true
 	}
-	return m.pbaBAR == b.index && offset < m.pbaOff+msix.PBASize(m.n) && offset+uint64(n) > m.pbaOff
+	return m.pbaBAR == b.index && m.inPBA(offset, n)
 }
 
 func (p *PCIDevice) countTrap(b *barState, offset uint64, n int) {
@@ -489,6 +489,14 @@ func (h barHandler) Read(offset uint64, data []byte) {
 		m.read(offset-m.tableOff, data)
 		return
 	}
+	if m := p.msix; m != nil && m.pbaBAR == h.b.index && m.inPBA(offset, len(data)) {
+		if offset < m.pbaOff {
+			fill(data, 0) // straddles the PBA's start: not an aligned PBA access
+			return
+		}
+		m.readPBA(offset-m.pbaOff, data)
+		return
+	}
 	if offset >= h.b.region.Size || uint64(len(data)) > h.b.region.Size-offset || h.b.region.Flags&uapi.VFIORegionInfoFlagRead == 0 {
 		fill(data, 0xff)
 		return
@@ -507,7 +515,7 @@ func (h barHandler) Write(offset uint64, data []byte) {
 		m.write(p, offset-m.tableOff, data)
 		return
 	}
-	if m := p.msix; m != nil && m.pbaBAR == h.b.index && offset < m.pbaOff+msix.PBASize(m.n) && offset+uint64(len(data)) > m.pbaOff {
+	if m := p.msix; m != nil && m.pbaBAR == h.b.index && m.inPBA(offset, len(data)) {
 		return // the PBA is read-only
 	}
 	if offset >= h.b.region.Size || uint64(len(data)) > h.b.region.Size-offset || h.b.region.Flags&uapi.VFIORegionInfoFlagWrite == 0 {

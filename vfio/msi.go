@@ -157,7 +157,7 @@ func (m *msiState) update(p *PCIDevice) {
 			p.report(fmt.Errorf("vfio: %s: disable MSI: %w", p.cfg.Name, err))
 		}
 		m.on = 0
-		p.intxOn()
+		p.intxBack()
 	}
 }
 

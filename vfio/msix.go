@@ -19,15 +19,24 @@ const (
 
 type msixEntry struct{ addrLo, addrHi, data, ctrl uint32 }
 
-// msixState emulates the MSI-X capability and vector table. The host
+// msixState emulates the MSI-X capability, vector table and PBA. The host
 // kernel owns the device's real table; guest vectors become VFIO eventfds
 // bound to KVM GSIs through target (a *irq.Vectors).
+//
+// The device's own PBA says nothing about the guest's masking (the host
+// kernel keeps the real vectors unmasked), so the PBA is emulated: a vector
+// masked by the guest has no irqfd, so when the device fires it VFIO's
+// signal stays in the vector's eventfd. A guest read of the PBA drains
+// those eventfds into pending, and unmasking a pending vector delivers it
+// once (a signal not yet drained is delivered by KVM itself when the irqfd
+// is assigned, since KVM checks the eventfd then).
 type msixState struct {
 	cap              int
 	n                int
 	tableBAR, pbaBAR int
 	tableOff, pbaOff uint64
 	entries          []msixEntry
+	pending          []uint64 // PBA bits, one per vector
 	reported         []irq.MSIMessage
 	invalid          []bool // an unmasked vector has an address KVM cannot route; reported once
 	enabled, fmask   bool
@@ -74,6 +83,7 @@ func (p *PCIDevice) newMSIX(phys []byte, off int) (*msixState, error) {
 		return nil, err
 	}
 	m.entries = make([]msixEntry, m.n)
+	m.pending = make([]uint64, (m.n+63)/64)
 	m.reported = make([]irq.MSIMessage, m.n)
 	m.invalid = make([]bool, m.n)
 	for i := range m.entries {
@@ -91,6 +101,40 @@ func (p *PCIDevice) newMSIX(phys []byte, off int) (*msixState, error) {
 func (m *msixState) inTable(off uint64, n int) bool {
 	end := m.tableOff + uint64(m.n)*msix.EntrySize
 	return off < end && off+uint64(n) > m.tableOff
+}
+
+// inPBA reports whether an access at a BAR offset of the PBA's BAR touches
+// the PBA.
+func (m *msixState) inPBA(off uint64, n int) bool {
+	return off < m.pbaOff+msix.PBASize(m.n) && off+uint64(n) > m.pbaOff
+}
+
+// readPBA serves a PBA read at rel (relative to the PBA): aligned dword or
+// qword accesses; anything else reads as zero. The bits read are brought
+// up to date first from the eventfds of masked vectors.
+func (m *msixState) readPBA(rel uint64, data []byte) {
+	fill(data, 0)
+	n := uint64(len(data))
+	if (n != 4 && n != 8) || rel%n != 0 || rel+n > msix.PBASize(m.n) {
+		return
+	}
+	for v := int(rel * 8); v < min(int((rel+n)*8), m.n); v++ {
+		m.collectPending(v)
+	}
+	q := m.pending[rel/8]
+	if n == 8 {
+		binary.LittleEndian.PutUint64(data, q)
+	} else {
+		binary.LittleEndian.PutUint32(data, uint32(q>>(8*(rel%8))))
+	}
+}
+
+// collectPending sets vector v's pending bit if the device signalled it
+// while the guest had it masked.
+func (m *msixState) collectPending(v int) {
+	if m.vfioOn && m.reported[v].Masked && m.irqfds != nil && m.irqfds.TakePending(v) {
+		m.pending[v/64] |= 1 << (v % 64)
+	}
 }
 
 // read serves a table read at rel (relative to the table): aligned dword or
@@ -173,6 +217,11 @@ func (m *msixState) reconcile(p *PCIDevice, v int) {
 		m.reported[v] = msg
 		m.target.VectorChanged(v, msg)
 	}
+	if !msg.Masked && m.pending[v/64]&(1<<(v%64)) != 0 {
+		// Taken from the eventfd while masked: deliver it now, once.
+		m.pending[v/64] &^= 1 << (v % 64)
+		m.target.Signal(v)
+	}
 }
 
 // controlWritten applies a write to Message Control: enabling MSI-X turns
@@ -197,11 +246,14 @@ func (m *msixState) controlWritten(p *PCIDevice) {
 		m.reconcile(p, v)
 	}
 	if !en && m.vfioOn {
+		// Nothing pending survives MSI-X off: a later enable must not
+		// deliver a message from before.
+		clear(m.pending)
 		if err := p.dev.DisableIRQs(uapi.VFIOPCIMSIXIRQIndex); err != nil {
 			p.report(fmt.Errorf("vfio: %s: disable MSI-X: %w", p.cfg.Name, err))
 		}
 		m.vfioOn = false
-		p.intxOn()
+		p.intxBack()
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/irq"
 	"github.com/hpcvmm/hpcvmm/pci"
 	"github.com/hpcvmm/hpcvmm/uapi"
 )
@@ -165,6 +166,7 @@ func TestMSIXVectorsThroughIRQFDs(t *testing.T) {
 
 	r.cfgWrite(0xb2, 2, msixCtrlEnable)
 	assert.Equal(t, []string{"disable intx", "set msix 0+9 trigger"}, f.takeLog(), "INTx off before MSI-X on")
+	assert.Equal(t, []string{"assign gsi 11 resample", "deassign gsi 11"}, r.intx.log, "INTx's resampling irqfd goes with INTx")
 	assert.Empty(t, r.router.TakeLog(), "all vectors still masked")
 
 	// Program vector 1 and unmask it: route first, then the irqfd.
@@ -187,11 +189,12 @@ func TestMSIXVectorsThroughIRQFDs(t *testing.T) {
 	r.mmioWrite32(table+28, 0)
 	assert.Equal(t, []string{"route 24 0xfee01000 0x4032", "assign 24"}, r.router.TakeLog())
 
-	// Function mask masks every vector; clearing it restores them.
+	// Function mask masks every vector; clearing it restores them, with
+	// the routes KVM already has.
 	r.cfgWrite(0xb2, 2, msixCtrlEnable|msixCtrlMaskAll)
 	assert.Equal(t, []string{"deassign 24"}, r.router.TakeLog())
 	r.cfgWrite(0xb2, 2, msixCtrlEnable)
-	assert.Equal(t, []string{"route 24 0xfee01000 0x4032", "assign 24"}, r.router.TakeLog())
+	assert.Equal(t, []string{"assign 24"}, r.router.TakeLog(), "unchanged route: only the irqfd")
 
 	// Validation: an address outside the MSI window is never routed.
 	r.mmioWrite32(table+32, 0x12345678)
@@ -205,20 +208,77 @@ func TestMSIXVectorsThroughIRQFDs(t *testing.T) {
 	r.mmioWrite32(table+12, 0xfffffffe)
 	assert.Equal(t, uint32(0), r.mmioRead32(table+12))
 
-	// The rest of the table page and the PBA go to the device.
+	// The rest of the table page goes to the device; the PBA is emulated
+	// (the device's says nothing of the guest's masks) and read-only.
 	binary.LittleEndian.PutUint32(f.bars[0][0xb90800:], 0xabcd)
 	assert.Equal(t, uint32(0xabcd), r.mmioRead32(table+0x800))
 	r.mmioWrite32(table+0x804, 0x77)
 	assert.Equal(t, uint32(0x77), binary.LittleEndian.Uint32(f.bars[0][0xb90804:]))
 	binary.LittleEndian.PutUint32(f.bars[0][0xba0000:], 0x2)
-	assert.Equal(t, uint32(0x2), r.mmioRead32(r.barAddr(t, 0)+0xba0000))
+	assert.Equal(t, uint32(0), r.mmioRead32(r.barAddr(t, 0)+0xba0000), "nothing pending")
 	r.mmioWrite32(r.barAddr(t, 0)+0xba0000, 0xff)
-	assert.Equal(t, uint32(0x2), binary.LittleEndian.Uint32(f.bars[0][0xba0000:]), "PBA is read-only")
+	assert.Equal(t, uint32(0), r.mmioRead32(r.barAddr(t, 0)+0xba0000), "PBA is read-only")
+	assert.Equal(t, uint32(0x2), binary.LittleEndian.Uint32(f.bars[0][0xba0000:]), "PBA writes never reach the device")
 
-	// Disable: routes torn down, VFIO off, INTx back.
+	// Disable: routes torn down, VFIO off, INTx back with its irqfd.
+	r.intx.log = nil
 	r.cfgWrite(0xb2, 2, 0)
 	assert.Equal(t, []string{"deassign 24"}, r.router.TakeLog())
 	assert.Equal(t, []string{"disable msix", "set intx 0+1 trigger", "set intx 0+1 unmask"}, f.takeLog())
+	assert.Equal(t, []string{"assign gsi 11 resample"}, r.intx.log)
+}
+
+// TestMSIXPendingWhileMasked: a vector the device fires while the guest
+// has it masked shows in the PBA (its signal waited in the eventfd VFIO
+// writes, with no irqfd on it), and unmasking delivers it once.
+func TestMSIXPendingWhileMasked(t *testing.T) {
+	f := h100(t, true)
+	r := newRig(t, f, nil)
+	defer r.dev.Close()
+	r.assign(t)
+	table := r.barAddr(t, 0) + 0xb90000
+	pba := r.barAddr(t, 0) + 0xba0000
+	r.cfgWrite(0xb2, 2, msixCtrlEnable)
+	r.mmioWrite32(table+16*5, 0xfee00000)
+	r.mmioWrite32(table+16*5+8, 0x4041)
+	r.mmioWrite32(table+16*5+12, 0) // unmask vector 5
+	r.mmioWrite32(table+16*5+12, 1) // and mask it again
+	r.router.TakeLog()
+	fd := int(f.trigger["msix"][5])
+
+	require.NoError(t, irq.SignalEventFD(fd)) // the device fires vector 5
+	assert.Equal(t, uint32(1<<5), r.mmioRead32(pba), "masked vector that fired is pending")
+	var b [8]byte
+	assert.False(t, irq.DrainEventFD(fd, b[:]), "the PBA read took the signal from the eventfd")
+	assert.Equal(t, uint32(1<<5), r.mmioRead32(pba), "pending until delivered")
+	var q [8]byte
+	r.mmio.Read(pba, q[:])
+	assert.Equal(t, uint64(1<<5), binary.LittleEndian.Uint64(q[:]), "qword read")
+
+	r.mmioWrite32(table+16*5+12, 0)
+	assert.Equal(t, []string{"assign 24"}, r.router.TakeLog())
+	assert.Equal(t, uint32(0), r.mmioRead32(pba), "unmask clears the pending bit")
+	require.True(t, irq.DrainEventFD(fd, b[:]), "and delivers the message through the irqfd's eventfd")
+	assert.Equal(t, uint64(1), binary.LittleEndian.Uint64(b[:]), "once")
+
+	// An unmasked vector never reads pending: KVM consumes its signals.
+	require.NoError(t, irq.SignalEventFD(fd))
+	assert.Equal(t, uint32(0), r.mmioRead32(pba))
+	require.True(t, irq.DrainEventFD(fd, b[:]))
+
+	// Pending bits do not survive MSI-X being disabled.
+	r.mmioWrite32(table+16*5+12, 1)
+	require.NoError(t, irq.SignalEventFD(fd))
+	assert.Equal(t, uint32(1<<5), r.mmioRead32(pba))
+	r.cfgWrite(0xb2, 2, 0)
+	r.cfgWrite(0xb2, 2, msixCtrlEnable)
+	assert.Equal(t, uint32(0), r.mmioRead32(pba))
+	// Misaligned and odd-sized PBA reads see zero, never panic.
+	require.NoError(t, irq.SignalEventFD(fd))
+	r.mmio.Read(pba+2, b[:4])
+	assert.Equal(t, []byte{0, 0, 0, 0}, b[:4])
+	r.mmio.Read(pba-4, b[:8])
+	assert.Equal(t, make([]byte, 8), b[:8])
 }
 
 // eduConfig is a small device like QEMU's edu: BAR0 1 MiB (32-bit), an MSI
@@ -277,12 +337,13 @@ func TestMSIThroughIRQFDs(t *testing.T) {
 	r.cfgWrite(0x44, 4, 0x1000)
 	assert.Len(t, r.errs, 1)
 	r.cfgWrite(0x44, 4, 0xfee00000)
-	assert.Equal(t, []string{"route 24 0xfee00000 0x4026", "assign 24"}, r.router.TakeLog())
+	assert.Equal(t, []string{"assign 24"}, r.router.TakeLog(), "the route KVM has is unchanged: only the irqfd")
 	r.cfgWrite(0x42, 2, msiCtrl64)
 	assert.Equal(t, []string{"disable msi", "set intx 0+1 trigger", "set intx 0+1 unmask"}, f.takeLog())
 	require.NoError(t, r.dev.Close())
 	assert.Equal(t, []string{"disable intx"}, f.takeLog(), "no reset after use either")
-	assert.Equal(t, []string{"assign gsi 11 resample", "deassign gsi 11"}, r.intx.log)
+	assert.Equal(t, []string{"assign gsi 11 resample", "deassign gsi 11", "assign gsi 11 resample", "deassign gsi 11"}, r.intx.log,
+		"the resampling irqfd is deassigned while MSI is on and at close")
 }
 
 func TestNoMemslotsTrapsEveryBAR(t *testing.T) {

@@ -11,8 +11,23 @@ import (
 const (
 	ioapicPins = 24
 	picPins    = 16
-	maxGSI     = 4096 // KVM_MAX_IRQ_ROUTES on x86
+	// maxRoutes is KVM_MAX_IRQ_ROUTES on x86: the most entries one
+	// KVM_SET_GSI_ROUTING table may hold, and one above the highest GSI.
+	// The default routes count against it: GSIs 0-15 take two entries
+	// each (PIC and IOAPIC), 16-23 one.
+	maxRoutes = 4096
+	// maxMSIRoutes is what is left for MSI routes: 4096 - 40 = 4056.
+	maxMSIRoutes = maxRoutes - picPins - ioapicPins
 )
+
+// routingVM is the part of a KVM VM the router drives; *uapi.VM implements
+// it, and tests record the calls.
+type routingVM interface {
+	SetGSIRouting(entries []uapi.IRQRoutingEntry) error
+	IRQFD(eventFD int, gsi uint32, resampleFD int) error
+	IRQFDDeassign(eventFD int, gsi uint32) error
+	IOEventFD(e uapi.IOEventFD) error
+}
 
 // irqRouter owns the VM's GSI routing table. KVM_SET_GSI_ROUTING replaces
 // the whole table on every call, so every route the VM has — the default
@@ -22,13 +37,13 @@ const (
 // doorbells by ioeventfd without the VMM on the data path. Changes are rare
 // (the guest programming an MSI-X vector), so a mutex is fine.
 type irqRouter struct {
-	vm      *uapi.VM
+	vm      routingVM
 	mu      sync.Mutex
 	nextGSI uint32
 	msi     map[uint32]uapi.IRQRoutingEntry // GSI -> MSI route
 }
 
-func newIRQRouter(vm *uapi.VM) *irqRouter {
+func newIRQRouter(vm routingVM) *irqRouter {
 	return &irqRouter{vm: vm, nextGSI: ioapicPins, msi: map[uint32]uapi.IRQRoutingEntry{}}
 }
 
@@ -54,29 +69,48 @@ func defaultRoutes() []uapi.IRQRoutingEntry {
 	return out
 }
 
-// AllocGSI reserves a GSI for an MSI route.
+// AllocGSI reserves a GSI for an MSI route. Each GSI holds one route for
+// the VM's lifetime, so the budget is KVM's table size less the default
+// routes; the caller (irq.Vectors) adds the device and vector to the error.
 func (r *irqRouter) AllocGSI() (uint32, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.nextGSI >= maxGSI {
-		return 0, fmt.Errorf("irq routing: all %d GSIs in use", maxGSI)
+	if used := r.nextGSI - ioapicPins; used >= maxMSIRoutes {
+		return 0, fmt.Errorf("irq routing: all %d MSI routes are in use: KVM's routing table holds %d entries (KVM_MAX_IRQ_ROUTES), %d of them the PIC/IOAPIC routes; give the VM fewer devices or the guest fewer vectors",
+			maxMSIRoutes, maxRoutes, maxRoutes-maxMSIRoutes)
 	}
 	g := r.nextGSI
 	r.nextGSI++
 	return g, nil
 }
 
-// SetMSIRoute points gsi at an MSI message and pushes the table to KVM.
+// SetMSIRoute points gsi at an MSI message and pushes the table to KVM,
+// unless gsi already has exactly that route: KVM_SET_GSI_ROUTING copies
+// and rebuilds the whole table (and waits for an SRCU grace period), so a
+// route KVM already holds is not sent again.
 func (r *irqRouter) SetMSIRoute(gsi uint32, addrLo, addrHi, data uint32) error {
-	if gsi < ioapicPins || gsi >= maxGSI {
-		return fmt.Errorf("irq routing: GSI %d is not an MSI GSI", gsi)
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if gsi < ioapicPins || gsi >= r.nextGSI {
+		return fmt.Errorf("irq routing: GSI %d is not an MSI GSI allocated by AllocGSI", gsi)
+	}
 	e := uapi.IRQRoutingEntry{GSI: gsi, Type: uapi.IRQRoutingMSI}
 	e.MSI.AddressLo, e.MSI.AddressHi, e.MSI.Data = addrLo, addrHi, data
+	old, had := r.msi[gsi]
+	if had && old == e {
+		return nil
+	}
 	r.msi[gsi] = e
-	return r.pushLocked()
+	if err := r.pushLocked(); err != nil {
+		// KVM kept the previous table: so does the router.
+		if had {
+			r.msi[gsi] = old
+		} else {
+			delete(r.msi, gsi)
+		}
+		return err
+	}
+	return nil
 }
 
 func (r *irqRouter) pushLocked() error {

@@ -120,6 +120,9 @@ func (vm *VM) addNets() error {
 			return fmt.Errorf("virtio-net %s: %w", n.TAP, err)
 		}
 		vm.transports = append(vm.transports, tr)
+		if err := setupFault("virtio-net " + n.TAP); err != nil {
+			return err
+		}
 		if err := vm.pci.AddDevice(netSlot0+i, "virtio-net "+n.TAP, tr); err != nil {
 			return err
 		}

@@ -168,24 +168,36 @@ func (vm *VM) addPassthroughDevices() error {
 	if pt.ctr, err = iommu.Open(iommu.Options{}); err != nil {
 		return err
 	}
+	if err := setupFault("VFIO container"); err != nil {
+		return err
+	}
 	if pt.kv, err = vfio.NewKVMVFIO(vm.vm); err != nil {
 		return err
 	}
-	files := make([]*uapi.VFIODevice, len(pt.devs))
-	for i, dev := range pt.devs {
-		if files[i], err = vfio.OpenDevice(pt.ctr, pt.kv, dev); err != nil {
-			for _, f := range files[:i] {
-				f.Close()
-			}
+	if err := setupFault("KVM-VFIO device"); err != nil {
+		return err
+	}
+	files := make([]vfio.DeviceFile, 0, len(pt.devs))
+	for _, dev := range pt.devs {
+		f, err := vfio.OpenDevice(pt.ctr, pt.kv, dev)
+		if err != nil {
+			closeDeviceFiles(files)
+			return err
+		}
+		files = append(files, f)
+		if err := setupFault("open " + dev.BDF.String()); err != nil {
+			closeDeviceFiles(files)
 			return err
 		}
 	}
 	// The IOMMU type is set when the first group joins the container, so
 	// guest RAM can be mapped only now: once, for all devices.
 	if err := pt.ctr.MapGuestRAM(vm.mem.Regions()); err != nil {
-		for _, f := range files {
-			f.Close()
-		}
+		closeDeviceFiles(files)
+		return err
+	}
+	if err := setupFault("DMA-map guest RAM"); err != nil {
+		closeDeviceFiles(files)
 		return err
 	}
 	var took time.Duration
@@ -203,20 +215,29 @@ func (vm *VM) addPassthroughDevices() error {
 	if !vm.cfg.Passthrough.NoP2P {
 		p2p = p2pLogger{ctr: pt.ctr, log: vm.log, slow: slowP2PMap}
 	}
-	for i, dev := range pt.devs {
-		sp := pt.specs[i]
+	return vm.addPassthroughFiles(files, p2p)
+}
+
+// addPassthroughFiles makes a passthrough PCI function of each open VFIO
+// device file (files[i] is pt.devs[i]) and puts it on the bus. It owns the
+// files: each is closed by its PCIDevice (in pt.pcidevs, which Close
+// releases) or, when a step fails before its PCIDevice exists, here, so
+// a failure half-way leaves no device fd open (an open fd keeps vfio-pci
+// from giving the device back to its driver).
+func (vm *VM) addPassthroughFiles(files []vfio.DeviceFile, p2p vfio.P2PMapper) error {
+	pt := vm.pt
+	for i, f := range files {
+		dev, sp := pt.devs[i], pt.specs[i]
 		slot := firstPassthroughSlot + i
-		pd, err := vfio.NewPCIDevice(files[i], vfio.Config{
+		pd, err := vfio.NewPCIDevice(f, vfio.Config{
 			Name:   dev.BDF.String(),
 			Router: vm.irq, INTx: vm.irq, INTxGSI: uint32(intxPin(slot)),
 			Memslots: vm.slots, P2P: p2p,
 			HasClique: sp.Clique >= 0, Clique: uint8(max(sp.Clique, 0)),
 			OnError: func(err error) { vm.log.Warn("passthrough", "device", dev.BDF.String(), "err", err) },
 		})
-		if err != nil {
-			for _, f := range files[i+1:] {
-				f.Close()
-			}
+		if err != nil { // NewPCIDevice closed f
+			closeDeviceFiles(files[i+1:])
 			return err
 		}
 		pt.pcidevs = append(pt.pcidevs, pd)
@@ -227,11 +248,25 @@ func (vm *VM) addPassthroughDevices() error {
 			vm.log.Info("passthrough BAR", "device", dev.BDF.String(), "bar", b.Index, "kind", b.Kind.String(),
 				"size", b.Size, "direct_bytes", b.Direct, "trapped", b.Trapped)
 		}
+		if err := setupFault("passthrough device " + dev.BDF.String()); err != nil {
+			closeDeviceFiles(files[i+1:])
+			return err
+		}
 		if err := vm.pci.AddDevice(slot, dev.BDF.String(), pd); err != nil {
+			closeDeviceFiles(files[i+1:])
 			return err
 		}
 	}
 	return nil
+}
+
+// closeDeviceFiles closes VFIO device files no PCIDevice owns yet. Their
+// close errors are dropped: the setup error that got here is the one to
+// report.
+func closeDeviceFiles(files []vfio.DeviceFile) {
+	for _, f := range files {
+		f.Close()
+	}
 }
 
 // p2pLogger DMA-maps BARs into the container and logs every mapping with

@@ -49,6 +49,9 @@ func (vm *VM) addPCI(physBits int) error {
 			return fmt.Errorf("virtio-console: %w", err)
 		}
 		vm.console = con
+		if err := setupFault("virtio-console"); err != nil {
+			return err
+		}
 		tr, err := transport.New(con, transport.Config{
 			Memory: vm.mem, Router: vm.irq, Notifier: vm.irq,
 			OnError: func(err error) { vm.log.Warn("virtio-console", "err", err) },
@@ -57,6 +60,9 @@ func (vm *VM) addPCI(physBits int) error {
 			return fmt.Errorf("virtio-console: %w", err)
 		}
 		vm.transports = append(vm.transports, tr)
+		if err := setupFault("virtio-console transport"); err != nil {
+			return err
+		}
 		if err := vm.pci.AddDevice(consoleSlot, "virtio-console", tr); err != nil {
 			return err
 		}
@@ -69,6 +75,9 @@ func (vm *VM) addPCI(physBits int) error {
 	}
 	w, err := assignBARs(vm.pci, vm.cfg.Memory, physBits)
 	if err != nil {
+		return err
+	}
+	if err := setupFault("assign BARs"); err != nil {
 		return err
 	}
 	vm.log.Debug("PCI windows", "mmio32", w.Mem32.String(), "mmio64", w.Mem64.String(), "io", w.IO.String(), "phys_bits", physBits)

@@ -196,6 +196,9 @@ func New(cfg Config) (_ *VM, err error) {
 	if vm.kvm, err = uapi.OpenKVM(); err != nil {
 		return nil, err
 	}
+	if err := setupFault("open /dev/kvm"); err != nil {
+		return nil, err
+	}
 	if err := vm.kvm.RequireCaps(RequiredKVMCaps...); err != nil {
 		return nil, err
 	}
@@ -221,11 +224,17 @@ func New(cfg Config) (_ *VM, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("guest RAM: %w", err)
 	}
+	if err := setupFault("guest RAM"); err != nil {
+		return nil, err
+	}
 	d, workers := vm.mem.PrefaultStats()
 	log.Info("guest RAM ready", "size", guestmem.FormatSize(cfg.Memory), "page", cfg.pageSize().String(),
 		"prefault", d.Round(time.Millisecond), "workers", workers, "setup", time.Since(memStart).Round(time.Millisecond))
 
 	if vm.vm, err = vm.kvm.CreateVM(); err != nil {
+		return nil, err
+	}
+	if err := setupFault("create VM"); err != nil {
 		return nil, err
 	}
 	if err := vm.vm.SetTSSAddr(tssAddr); err != nil {
@@ -237,7 +246,13 @@ func New(cfg Config) (_ *VM, err error) {
 	if err := vm.vm.CreateIRQChip(); err != nil {
 		return nil, err
 	}
+	if err := setupFault("create IRQ chip"); err != nil {
+		return nil, err
+	}
 	if err := vm.vm.CreatePIT2(); err != nil {
+		return nil, err
+	}
+	if err := setupFault("create PIT"); err != nil {
 		return nil, err
 	}
 	for i, r := range vm.mem.Regions() {
@@ -246,10 +261,16 @@ func New(cfg Config) (_ *VM, err error) {
 		}); err != nil {
 			return nil, err
 		}
+		if err := setupFault(fmt.Sprintf("RAM memslot %d", i)); err != nil {
+			return nil, err
+		}
 	}
 	vm.slots = &memslots{vm: vm.vm, next: uint32(len(vm.mem.Regions()))}
 
 	if err := vm.bindDevices(sysRoot, procRoot); err != nil {
+		return nil, err
+	}
+	if err := setupFault("bind devices"); err != nil {
 		return nil, err
 	}
 	if err := vm.addPlatformDevices(); err != nil {
@@ -264,6 +285,9 @@ func New(cfg Config) (_ *VM, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("load kernel: %w", err)
 	}
+	if err := setupFault("load kernel"); err != nil {
+		return nil, err
+	}
 	for i := 0; i < cfg.CPUs; i++ {
 		c, err := vm.newVCPU(i, supported)
 		if err != nil {
@@ -272,6 +296,9 @@ func New(cfg Config) (_ *VM, err error) {
 		vm.cpus = append(vm.cpus, c)
 	}
 	if err := setBootRegisters(vm.cpus[0].cpu, bsp); err != nil {
+		return nil, err
+	}
+	if err := setupFault("boot registers"); err != nil {
 		return nil, err
 	}
 	log.Debug("VM built", "elapsed", time.Since(start).Round(time.Microsecond))
@@ -289,8 +316,14 @@ func (vm *VM) addPlatformDevices() error {
 		return fmt.Errorf("serial IRQ: eventfd: %w", err)
 	}
 	vm.serialEvent = efd
+	if err := setupFault("serial eventfd"); err != nil {
+		return err
+	}
 	if err := vm.vm.IRQFD(efd, serialIRQ, -1); err != nil {
 		return fmt.Errorf("serial IRQ %d: %w", serialIRQ, err)
+	}
+	if err := setupFault("serial irqfd"); err != nil {
+		return err
 	}
 	one := []byte{1, 0, 0, 0, 0, 0, 0, 0}
 	vm.serial = platform.NewSerial(vm.cfg.Stdout, func() {
@@ -318,16 +351,26 @@ func (vm *VM) addPlatformDevices() error {
 
 // newVCPU creates vCPU index with its CPUID, MSRs and local interrupt
 // pins. Only the BSP gets boot registers; the APs wait for INIT/SIPI from
-// the guest in the in-kernel LAPIC.
-func (vm *VM) newVCPU(index int, supported []uapi.CPUIDEntry) (*vcpu, error) {
+// the guest in the in-kernel LAPIC. On error the vCPU is closed here (its
+// fd and kvm_run mapping would otherwise keep the KVM VM alive after
+// New's unwinding closed everything else).
+func (vm *VM) newVCPU(index int, supported []uapi.CPUIDEntry) (_ *vcpu, err error) {
 	c, err := vm.vm.CreateVCPU(index)
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if err != nil {
+			c.Close()
+		}
+	}()
 	v := &vcpu{index: index, hostCPU: vm.place.vcpuCPUs[index], cpu: c, run: c.RunData(), vm: vm}
+	if err := setupFault(fmt.Sprintf("create vCPU %d", index)); err != nil {
+		return nil, err
+	}
 	cpuid := guestCPUID(supported, vm.topology, index)
 	if err := c.SetCPUID2(cpuid); err != nil {
-		return v, fmt.Errorf("vCPU %d: %w", index, err)
+		return nil, fmt.Errorf("vCPU %d: %w", index, err)
 	}
 	// After SetCPUID2: KVM checks XCR0 against the vCPU's leaf 0xD. A
 	// refusal costs only the nested test bed's XSAVE (see guestXCR0), so
@@ -338,10 +381,13 @@ func (vm *VM) newVCPU(index int, supported []uapi.CPUIDEntry) (*vcpu, error) {
 		}
 	}
 	if err := c.SetMSRs(bootMSRs()); err != nil {
-		return v, fmt.Errorf("vCPU %d: %w", index, err)
+		return nil, fmt.Errorf("vCPU %d: %w", index, err)
 	}
 	if err := setLocalInterruptPins(c); err != nil {
-		return v, fmt.Errorf("vCPU %d: %w", index, err)
+		return nil, fmt.Errorf("vCPU %d: %w", index, err)
+	}
+	if err := setupFault(fmt.Sprintf("set up vCPU %d", index)); err != nil {
+		return nil, err
 	}
 	return v, nil
 }
@@ -520,4 +566,25 @@ func (vm *VM) Close() error {
 		vm.closeErr = errors.Join(errs...)
 	})
 	return vm.closeErr
+}
+
+// faultHook, when non-nil, is called by setupFault after each step of New
+// that took a host resource (an fd, a mapping, a KVM object, a TAP, a
+// driver binding), with the step's name. Tests set it to fail New at each
+// step in turn and check that New's unwinding gives every resource back;
+// nothing else sets it. A package variable rather than a Config field: it
+// is not an API, and New reads it without locking, so a test sets it only
+// while no other New runs.
+var faultHook func(step string) error
+
+// setupFault reports the end of a setup step to faultHook and returns the
+// failure the hook injects there, if any.
+func setupFault(step string) error {
+	if faultHook == nil {
+		return nil
+	}
+	if err := faultHook(step); err != nil {
+		return fmt.Errorf("%s: %w", step, err)
+	}
+	return nil
 }

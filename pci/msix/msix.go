@@ -40,6 +40,16 @@ type Target interface {
 	Signal(vector int)
 }
 
+// PendingSource is an optional interface of a Target whose vectors can be
+// signalled without Trigger: irq.Vectors, whose eventfds a vhost worker
+// writes directly. A signal sent while the vector is masked stays in the
+// eventfd, and TakePending reports and clears it, so the PBA the guest
+// reads shows it pending (MSI-X requires that of a masked vector that
+// fired).
+type PendingSource interface {
+	TakePending(vector int) bool
+}
+
 type msixEntry struct {
 	addrLo, addrHi, data, ctrl uint32
 }
@@ -61,6 +71,7 @@ type Capability struct {
 	enabled  bool
 	fmask    bool
 	target   Target
+	source   PendingSource // target's, if it is one
 }
 
 // PBASize returns the PBA's size in bytes for n vectors (whole qwords).
@@ -100,6 +111,7 @@ func New(cs *pci.ConfigSpace, vectors, bar int, tableOffset, pbaOffset uint32, t
 		reported: make([]irq.MSIMessage, vectors),
 		target:   target,
 	}
+	m.source, _ = target.(PendingSource)
 	for i := range m.entries {
 		m.entries[i].ctrl = msixEntryMasked // reset state: every vector masked
 		m.reported[i].Masked = true
@@ -190,12 +202,23 @@ func (m *Capability) Read(offset uint64, data []byte) {
 		}
 	case offset >= m.pbaOff && offset-m.pbaOff < PBASize(m.n):
 		rel := offset - m.pbaOff
+		for v := int(rel * 8); v < min(int((rel+n)*8), m.n); v++ {
+			m.collectPending(v)
+		}
 		q := m.pending[rel/8]
 		if n == 8 {
 			binary.LittleEndian.PutUint64(data, q)
 		} else {
 			binary.LittleEndian.PutUint32(data, uint32(q>>(8*(rel%8))))
 		}
+	}
+}
+
+// collectPending sets vector v's pending bit if its target holds a signal
+// that arrived while v was masked.
+func (m *Capability) collectPending(v int) {
+	if m.source != nil && m.enabled && m.reported[v].Masked && m.source.TakePending(v) {
+		m.pending[v/64] |= 1 << (v % 64)
 	}
 }
 
@@ -247,12 +270,14 @@ func (m *Capability) writeDword(rel uint64, v uint32) {
 	}
 }
 
-// Pending reports whether vector's pending bit is set.
+// Pending reports whether vector's pending bit is set, counting a signal
+// the target holds for the masked vector (see PendingSource).
 func (m *Capability) Pending(vector int) bool {
 	if vector < 0 || vector >= m.n {
 		return false
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.collectPending(vector)
 	return m.pending[vector/64]&(1<<(vector%64)) != 0
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hpcvmm/hpcvmm/irq"
+	"github.com/hpcvmm/hpcvmm/irq/irqtest"
 	"github.com/hpcvmm/hpcvmm/pci"
 	"github.com/hpcvmm/hpcvmm/pci/msix"
 )
@@ -143,4 +144,43 @@ func TestMSIXCallbacksAndPending(t *testing.T) {
 	assert.Equal(t, []int{0, 0, 0}, s.signals)
 	m.Trigger(99) // out of range: ignored
 	m.Trigger(-1)
+}
+
+// TestMSIXPBAShowsSignalsBehindTheCapability: with an irq.Vectors target,
+// a vector signalled straight through its eventfd (vhost-net does that)
+// while masked reads as pending in the PBA, and unmasking delivers it
+// once.
+func TestMSIXPBAShowsSignalsBehindTheCapability(t *testing.T) {
+	router := irqtest.NewRouter()
+	vecs, err := irq.NewVectors(router, "test MSI-X", 5, nil)
+	require.NoError(t, err)
+	defer vecs.Close()
+	cs := pci.NewConfigSpace(pci.Header{VendorID: 0x1234, DeviceID: 0x5678, Class: 0x020000})
+	require.NoError(t, cs.SetBAR(4, pci.BARSpec{Size: 8192, Kind: pci.BARMem64}))
+	m, err := msix.New(cs, 5, 4, 0, 0x1000, vecs)
+	require.NoError(t, err)
+	enable := func(ctrl uint16) {
+		var b [2]byte
+		binary.LittleEndian.PutUint16(b[:], ctrl)
+		cs.ConfigWrite(uint32(m.Offset()+2), b[:])
+	}
+	enable(0x8000)
+	w32(m, 3*16, 0xfee00000)
+	w32(m, 3*16+8, 0x33)
+	w32(m, 3*16+12, 0)
+	require.NoError(t, irq.SignalEventFD(vecs.EventFD(3)))
+	assert.Equal(t, uint32(0), r32(m, 0x1000), "unmasked: KVM's to deliver")
+	var b [8]byte
+	require.True(t, irq.DrainEventFD(vecs.EventFD(3), b[:]))
+
+	w32(m, 3*16+12, 1)
+	require.NoError(t, irq.SignalEventFD(vecs.EventFD(3)))
+	assert.Equal(t, uint32(1<<3), r32(m, 0x1000), "fired while masked: pending")
+	assert.True(t, m.Pending(3))
+	router.TakeLog()
+	w32(m, 3*16+12, 0)
+	assert.Equal(t, []string{"assign 24"}, router.TakeLog())
+	assert.False(t, m.Pending(3))
+	require.True(t, irq.DrainEventFD(vecs.EventFD(3), b[:]), "delivered on unmask")
+	assert.Equal(t, uint64(1), binary.LittleEndian.Uint64(b[:]))
 }

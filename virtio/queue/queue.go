@@ -9,17 +9,23 @@
 // caller-owned Chain whose segment array is allocated once.
 //
 // Ordering with the guest (another CPU writing the rings) follows the virtio
-// spec's barriers: the avail index is read before the entries it publishes,
-// used entries are written before the used index, and a full fence separates
-// publishing used entries or re-arming notifications from reading the
-// driver's suppression fields. Ring fields are naturally aligned 16/32-bit
-// values that the compiler accesses with single loads and stores.
+// spec's barriers, and comes from the accesses themselves: every 16-bit
+// ring field (the indices, flags, used_event, avail_event and the avail
+// ring's entries) is read and written with one sync/atomic operation
+// (uapi.AtomicLoadUint16/AtomicStoreUint16), which the Go memory model makes
+// atomic and sequentially consistent. So the avail index is read before the
+// entries it publishes, used entries are written before the used index, and
+// publishing used entries or re-arming notifications is ordered before
+// reading the driver's suppression fields, without separate fences. The
+// ring addresses are checked for the alignment virtio requires (avail 2,
+// used 4 bytes), so no field straddles a word.
 package queue
 
 import (
 	"encoding/binary"
 	"fmt"
-	"sync/atomic"
+
+	"github.com/hpcvmm/hpcvmm/uapi"
 )
 
 // MaxSize is the largest queue size a device offers.
@@ -86,17 +92,47 @@ type Queue struct {
 	mem      GuestMemory
 	size     uint16
 	desc     []byte
-	avail    []byte
-	used     []byte
+	avail    ring16 // flags, idx, ring[size], used_event
+	used     ring16 // flags, idx, ring[size]{id, len}, avail_event
+	usedRing []byte // the used ring's entries, written before used.idx
 	eventIdx bool
 	indirect bool
 
 	lastAvail uint16 // next avail ring slot to consume
 	usedIdx   uint16 // next used ring slot to fill (shadow of used.idx)
 	signalled uint16 // used index when the interrupt decision was last made
-
-	fence atomic.Uint64
 }
+
+// ring16 is a ring's 16-bit fields as atomic accesses. sync/atomic's
+// narrowest operations are 32-bit, so words is the ring widened to whole
+// aligned 32-bit words of guest RAM (at most 2 bytes each side, in the same
+// page, hence in RAM whenever the ring is) and base is the ring's offset in
+// it.
+type ring16 struct {
+	words []byte
+	base  uint64
+}
+
+// newRing16 looks up the n-byte ring at gpa (2-byte aligned) widened to
+// whole aligned words.
+func newRing16(mem GuestMemory, gpa, n uint64) (ring16, error) {
+	lo := gpa &^ 3
+	hi := (gpa + n + 3) &^ 3
+	if hi < gpa {
+		return ring16{}, fmt.Errorf("%#x+%d wraps the address space", gpa, n)
+	}
+	w, err := mem.Slice(lo, hi-lo)
+	if err != nil {
+		return ring16{}, err
+	}
+	if uint64(len(w)) != hi-lo || !uapi.Aligned4(w) {
+		return ring16{}, fmt.Errorf("guest memory at %#x is not 4-byte aligned on the host or came back short", lo)
+	}
+	return ring16{words: w, base: gpa - lo}, nil
+}
+
+func (r ring16) load(off uint64) uint16     { return uapi.AtomicLoadUint16(r.words, r.base+off) }
+func (r ring16) store(off uint64, v uint16) { uapi.AtomicStoreUint16(r.words, r.base+off, v) }
 
 // New validates cfg against guest memory and the negotiated features and
 // returns the queue. The rings are looked up once here: guest RAM never moves.
@@ -118,19 +154,20 @@ func New(mem GuestMemory, cfg Config, features uint64) (*Queue, error) {
 		return nil, fmt.Errorf("virtqueue: descriptor table at %#x (%d entries): %w", cfg.Desc, n, err)
 	}
 	// flags, idx, ring[n], used_event
-	if q.avail, err = mem.Slice(cfg.Driver, 6+2*n); err != nil {
+	if q.avail, err = newRing16(mem, cfg.Driver, 6+2*n); err != nil {
 		return nil, fmt.Errorf("virtqueue: available ring at %#x (%d entries): %w", cfg.Driver, n, err)
 	}
 	// flags, idx, ring[n]{id, len}, avail_event
-	if q.used, err = mem.Slice(cfg.Device, 6+8*n); err != nil {
+	if q.used, err = newRing16(mem, cfg.Device, 6+8*n); err != nil {
 		return nil, fmt.Errorf("virtqueue: used ring at %#x (%d entries): %w", cfg.Device, n, err)
 	}
-	if len(q.desc) < int(descSize*n) || len(q.avail) < int(6+2*n) || len(q.used) < int(6+8*n) {
+	q.usedRing = q.used.words[q.used.base+4 : q.used.base+4+8*n]
+	if len(q.desc) < int(descSize*n) {
 		return nil, fmt.Errorf("virtqueue: guest memory returned short ring slices")
 	}
 	// The driver initializes the used ring to zero before enabling; taking
 	// its index from memory keeps us consistent if it did not.
-	q.usedIdx = binary.LittleEndian.Uint16(q.used[2:])
+	q.usedIdx = q.used.load(2)
 	q.lastAvail = q.usedIdx
 	q.signalled = q.usedIdx
 	return q, nil
@@ -145,15 +182,9 @@ func (q *Queue) LastAvail() uint16 { return q.lastAvail }
 // UsedIndex returns the device's used index.
 func (q *Queue) UsedIndex() uint16 { return q.usedIdx }
 
-// fullFence orders earlier stores before later loads (a locked
-// read-modify-write is a full barrier on x86 and a compiler barrier).
-func (q *Queue) fullFence() { q.fence.Add(1) }
-
-// loadFence keeps the compiler from moving later loads above earlier ones;
-// x86 does not reorder loads with loads.
-func (q *Queue) loadFence() { q.fence.Load() }
-
-func (q *Queue) availIdx() uint16 { return binary.LittleEndian.Uint16(q.avail[2:]) }
+// availIdx is the driver's avail.idx: an atomic load, so the ring entries
+// and descriptors read after it are the ones it publishes.
+func (q *Queue) availIdx() uint16 { return q.avail.load(2) }
 
 // Pop fills c with the next available chain. It returns false with no error
 // when the ring is empty. On error the queue is unusable until reset: the
@@ -168,9 +199,8 @@ func (q *Queue) Pop(c *Chain) (bool, error) {
 	if uint16(idx-q.lastAvail) > q.size {
 		return false, fmt.Errorf("virtqueue: available index %d is %d entries ahead of %d, queue size %d", idx, uint16(idx-q.lastAvail), q.lastAvail, q.size)
 	}
-	q.loadFence()
 	slot := uint64(q.lastAvail & (q.size - 1))
-	head := binary.LittleEndian.Uint16(q.avail[4+2*slot:])
+	head := q.avail.load(4 + 2*slot)
 	if head >= q.size {
 		return false, fmt.Errorf("virtqueue: available entry %d names descriptor %d, queue size %d", q.lastAvail, head, q.size)
 	}
@@ -266,13 +296,13 @@ func (q *Queue) Push(head uint16, written uint32) error {
 	if head >= q.size {
 		return fmt.Errorf("virtqueue: push head %d outside queue of %d", head, q.size)
 	}
-	e := q.used[4+8*uint64(q.usedIdx&(q.size-1)):]
+	e := q.usedRing[8*uint64(q.usedIdx&(q.size-1)):]
 	binary.LittleEndian.PutUint32(e[0:], uint32(head))
 	binary.LittleEndian.PutUint32(e[4:], written)
-	// Entry before index: stores stay in program order in the compiler's
-	// memory chain, and x86 keeps store order.
+	// Entry before index: the index store is atomic, so the entry's
+	// plain stores are visible before it.
 	q.usedIdx++
-	binary.LittleEndian.PutUint16(q.used[2:], q.usedIdx)
+	q.used.store(2, q.usedIdx)
 	return nil
 }
 
@@ -285,7 +315,7 @@ func (q *Queue) Fill(offset, head uint16, written uint32) error {
 	if head >= q.size || offset >= q.size {
 		return fmt.Errorf("virtqueue: fill head %d at offset %d outside queue of %d", head, offset, q.size)
 	}
-	e := q.used[4+8*uint64((q.usedIdx+offset)&(q.size-1)):]
+	e := q.usedRing[8*uint64((q.usedIdx+offset)&(q.size-1)):]
 	binary.LittleEndian.PutUint32(e[0:], uint32(head))
 	binary.LittleEndian.PutUint32(e[4:], written)
 	return nil
@@ -295,33 +325,34 @@ func (q *Queue) Fill(offset, head uint16, written uint32) error {
 // used-index store (entries before index, as in Push).
 func (q *Queue) Flush(n uint16) {
 	q.usedIdx += n
-	binary.LittleEndian.PutUint16(q.used[2:], q.usedIdx)
+	q.used.store(2, q.usedIdx)
 }
 
 // NeedInterrupt reports whether the driver wants an interrupt for the
 // entries pushed since the last call (used_event with EVENT_IDX, else the
 // NO_INTERRUPT flag). Call it once after pushing a batch.
 func (q *Queue) NeedInterrupt() bool {
-	q.fullFence()
+	// The used index was published by an atomic store and the driver's
+	// fields below are atomic loads: sequentially consistent, so the
+	// driver either sees the new index or we see its new used_event.
 	old, cur := q.signalled, q.usedIdx
 	q.signalled = cur
 	if old == cur {
 		return false
 	}
 	if q.eventIdx {
-		ev := binary.LittleEndian.Uint16(q.avail[4+2*uint64(q.size):])
+		ev := q.avail.load(4 + 2*uint64(q.size))
 		// vring_need_event: did cur step past ev since old?
 		return uint16(cur-ev-1) < uint16(cur-old)
 	}
-	return binary.LittleEndian.Uint16(q.avail[0:])&AvailFlagNoInterrupt == 0
+	return q.avail.load(0)&AvailFlagNoInterrupt == 0
 }
 
 // DisableNotify asks the driver not to kick while the device is processing.
 // With EVENT_IDX the stale avail_event already does that, so it is a no-op.
 func (q *Queue) DisableNotify() {
 	if !q.eventIdx {
-		f := binary.LittleEndian.Uint16(q.used[0:])
-		binary.LittleEndian.PutUint16(q.used[0:], f|UsedFlagNoNotify)
+		q.used.store(0, q.used.load(0)|UsedFlagNoNotify)
 	}
 }
 
@@ -329,13 +360,13 @@ func (q *Queue) DisableNotify() {
 // reports whether entries arrived meanwhile (then the caller must keep
 // processing, since the driver may not kick for them).
 func (q *Queue) EnableNotify() bool {
+	// Atomic store, then atomic load: the driver either sees the re-armed
+	// notification or we see its new entries.
 	if q.eventIdx {
-		binary.LittleEndian.PutUint16(q.used[4+8*uint64(q.size):], q.lastAvail)
+		q.used.store(4+8*uint64(q.size), q.lastAvail)
 	} else {
-		f := binary.LittleEndian.Uint16(q.used[0:])
-		binary.LittleEndian.PutUint16(q.used[0:], f&^UsedFlagNoNotify)
+		q.used.store(0, q.used.load(0)&^UsedFlagNoNotify)
 	}
-	q.fullFence()
 	return q.availIdx() != q.lastAvail
 }
 

@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"encoding/binary"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -33,12 +34,62 @@ func TestNewValidatesLayout(t *testing.T) {
 		{"too big", queue.Config{Size: 2048}, "power of two"},
 		{"misaligned desc", queue.Config{Size: 8, Desc: 8}, "misaligned"},
 		{"misaligned used", queue.Config{Size: 8, Device: 2}, "misaligned"},
+		{"misaligned avail", queue.Config{Size: 8, Driver: 0x101}, "misaligned"},
 		{"desc outside RAM", queue.Config{Size: 8, Desc: 1 << 16}, "descriptor table"},
 		{"used straddles end", queue.Config{Size: 8, Device: 1<<16 - 8}, "used ring"},
 	} {
 		_, err := queue.New(mem, tc.cfg, 0)
 		assert.ErrorContains(t, err, tc.want, tc.name)
 	}
+}
+
+// shifted is guest memory whose host addresses are one byte off the
+// 4-byte alignment of their guest addresses: atomic ring accesses cannot
+// work on it, so New must refuse it (and never panic).
+type shifted struct{ mem queuetest.Memory }
+
+func (s shifted) Slice(gpa, n uint64) ([]byte, error) {
+	if gpa+1 < gpa || gpa+1 > uint64(len(s.mem)) || n > uint64(len(s.mem))-gpa-1 {
+		return nil, fmt.Errorf("shifted: %#x+%d outside RAM", gpa, n)
+	}
+	return s.mem[gpa+1 : gpa+1+n], nil
+}
+
+func TestNewRejectsRingsMisalignedOnTheHost(t *testing.T) {
+	mem := make(queuetest.Memory, 1<<16+1)
+	d := queuetest.NewDriver(mem, 8, 0x1000)
+	_, err := queue.New(shifted{mem}, d.Config(), allRing)
+	assert.ErrorContains(t, err, "not 4-byte aligned on the host")
+}
+
+// TestRingFieldsNextToForeignData: the avail ring at 2 mod 4 and the
+// used ring's avail_event share 32-bit words with bytes that are not the
+// ring's; the device reads and writes its fields without disturbing them.
+func TestRingFieldsNextToForeignData(t *testing.T) {
+	mem := make(queuetest.Memory, 1<<20)
+	d := queuetest.NewDriver(mem, 8, 0x1000)
+	d.Avail, d.UsedAt = 0x2002, 0x3000 // avail at 2 mod 4, rings apart
+	cfg := d.Config()
+	mem[cfg.Driver-2], mem[cfg.Driver-1] = 0xaa, 0xbb // foreign bytes before the avail ring
+	availEnd := cfg.Driver + 6 + 2*8
+	mem[availEnd], mem[availEnd+1] = 0xcc, 0xdd
+	usedEnd := cfg.Device + 6 + 8*8
+	mem[usedEnd], mem[usedEnd+1] = 0xee, 0xff // shares avail_event's word
+	q, err := queue.New(mem, cfg, allRing)
+	require.NoError(t, err)
+	d.Chain(d.DescAddr, 3, []queuetest.Buf{{Addr: 0x10000, Len: 4, Write: true}})
+	d.Publish(3)
+	c := queue.NewChain(queue.MaxSize)
+	ok, err := q.Pop(c)
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, uint16(3), c.Head)
+	require.NoError(t, q.Push(c.Head, 4))
+	assert.False(t, q.EnableNotify())
+	assert.Equal(t, uint16(1), d.AvailEvent())
+	assert.Equal(t, []byte{0xaa, 0xbb}, []byte(mem[cfg.Driver-2:cfg.Driver]))
+	assert.Equal(t, []byte{0xcc, 0xdd}, []byte(mem[availEnd:availEnd+2]))
+	assert.Equal(t, []byte{0xee, 0xff}, []byte(mem[usedEnd:usedEnd+2]))
 }
 
 func TestPopPushChain(t *testing.T) {

@@ -239,7 +239,7 @@ func (t *Transport) init(sizes []uint16) error {
 		return err
 	}
 	nvec := len(t.queues) + 1
-	irqfds, err := irq.NewVectors(t.cfg.Router, nvec, t.report)
+	irqfds, err := irq.NewVectors(t.cfg.Router, fmt.Sprintf("virtio device type %d MSI-X", t.dev.Type()), nvec, t.report)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,232 @@
+package vmm
+
+import (
+	"encoding/binary"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"golang.org/x/sys/unix"
+
+	"github.com/hpcvmm/hpcvmm/guestmem"
+	"github.com/hpcvmm/hpcvmm/host/hosttest"
+	"github.com/hpcvmm/hpcvmm/uapi"
+)
+
+// hostResources is what a process holds on the host that a half-built VM
+// could leak.
+type hostResources struct {
+	// FDs lists /proc/self/fd by target (eventfds, KVM VM and vCPU fds,
+	// the guest RAM memfd, TAP queues, /dev/net/tun).
+	FDs []string
+	// Mappings lists /proc/self/maps entries backed by a file or an
+	// anon_inode (guest RAM's memfd, each vCPU's kvm_run). Unnamed
+	// anonymous mappings are left out: the Go heap grows and shrinks
+	// through them on its own schedule.
+	Mappings []string
+	// TAPs lists the TAP-like interfaces of the calling thread's network
+	// namespace.
+	TAPs []string
+	// Goroutines counts goroutines (device workers, prefault workers).
+	Goroutines int
+}
+
+func snapshotResources() (hostResources, error) {
+	var r hostResources
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return r, err
+	}
+	for _, e := range ents {
+		target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
+		if err != nil {
+			continue // the ReadDir's own fd, closed meanwhile
+		}
+		r.FDs = append(r.FDs, target)
+	}
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		return r, err
+	}
+	for _, line := range strings.Split(string(maps), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 6 && !strings.HasPrefix(f[5], "[") {
+			r.Mappings = append(r.Mappings, strings.Join(f[5:], " "))
+		}
+	}
+	dev, err := os.ReadFile("/proc/thread-self/net/dev")
+	if err != nil {
+		return r, err
+	}
+	for _, line := range strings.Split(string(dev), "\n") {
+		if name, _, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && strings.HasPrefix(name, unwindTAP) {
+			r.TAPs = append(r.TAPs, name)
+		}
+	}
+	slices.Sort(r.FDs)
+	slices.Sort(r.Mappings)
+	r.Goroutines = runtime.NumGoroutine()
+	return r, nil
+}
+
+// unwindTAP names the TAP the unwinding test has New create.
+const unwindTAP = "hpuw"
+
+// synthKernel writes a minimal bzImage (64-bit boot protocol 2.15, the same
+// shape boot's tests use) that New parses and loads; it never runs.
+func synthKernel(t *testing.T) string {
+	le := binary.LittleEndian
+	const setupSects = 4
+	img := make([]byte, (setupSects+1)*512+64<<10)
+	img[0x1f1] = setupSects
+	le.PutUint16(img[0x1fe:], 0xaa55)
+	img[0x200], img[0x201] = 0xeb, 0x6a
+	copy(img[0x202:], "HdrS")
+	le.PutUint16(img[0x206:], 0x020f)
+	img[0x211] = 0x01 // LOADED_HIGH
+	le.PutUint32(img[0x214:], 0x100000)
+	le.PutUint32(img[0x22c:], 0x7fffffff)
+	le.PutUint32(img[0x230:], 0x200000)
+	img[0x234] = 1
+	le.PutUint16(img[0x236:], 0x3) // XLF_KERNEL_64 | XLF_CAN_BE_LOADED_ABOVE_4G
+	le.PutUint32(img[0x238:], 0x7ff)
+	le.PutUint64(img[0x258:], 0x1000000)
+	le.PutUint32(img[0x260:], 4<<20)
+	p := filepath.Join(t.TempDir(), "bzImage")
+	if err := os.WriteFile(p, img, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// inOwnNetns runs f on a locked OS thread in a fresh network namespace, so
+// the TAP New creates is invisible to the host and dies with the thread
+// even if the code under test leaked it. It reports whether it could.
+func inOwnNetns(f func()) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread leaves the namespace by exiting
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			errc <- err
+			return
+		}
+		f()
+		errc <- nil
+	}()
+	return <-errc
+}
+
+var errInjected = errors.New("injected setup failure")
+
+// TestNewUnwindsEveryPartialSetup builds a VM once to learn New's setup
+// steps, then fails New after each step in turn (the faultHook seam) and
+// checks that every fd, file/anon_inode mapping, TAP and goroutine New took
+// is given back. It needs a usable /dev/kvm (kvm_pvm suffices: nothing
+// runs) and, for the virtio-net steps, root and /dev/net/tun. The
+// passthrough steps (VFIO container, device files, driver bindings) need
+// devices bound to vfio-pci and are covered by
+// TestAddPassthroughFilesClosesEveryFileOnFailure and the integration suite.
+func TestNewUnwindsEveryPartialSetup(t *testing.T) {
+	sys, err := uapi.OpenKVM()
+	if err != nil {
+		if os.Getenv("HPCVMM_REQUIRE_INTEGRATION") == "1" {
+			t.Fatalf("HPCVMM_REQUIRE_INTEGRATION=1 but KVM is unavailable: %v", err)
+		}
+		t.Skipf("no usable /dev/kvm: %v", err)
+	}
+	sys.Close()
+	tr := hosttest.New(t)
+	tr.KVM()
+	tr.CPUInfo(46)
+	tr.Interrupts(true)
+	tr.Node(0, "0-1", 8<<30)
+
+	cfg := DefaultConfig()
+	cfg.Kernel = synthKernel(t)
+	cfg.Cmdline = "console=ttyS0"
+	cfg.CPUs = 2
+	cfg.Memory = 64 << 20
+	cfg.HugePages = guestmem.Page4K
+	cfg.NUMANode = -1
+	cfg.Stdout = io.Discard
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg.SysfsRoot, cfg.ProcfsRoot = tr.Sys(), tr.Proc()
+
+	withTAP := os.Geteuid() == 0
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		withTAP = false
+	}
+	if withTAP {
+		cfg.Nets = []NetConfig{{TAP: unwindTAP + "0", Queues: 2, Vhost: VhostOff}}
+	}
+
+	t.Cleanup(func() { faultHook = nil })
+	run := func() {
+		// A full build first: it names the steps, and warms up what the
+		// runtime opens once per process (the netpoller's epoll fd).
+		var steps []string
+		faultHook = func(step string) error { steps = append(steps, step); return nil }
+		vm, err := New(cfg)
+		if !assert.NoError(t, err, "the full build must succeed for the steps to mean anything") {
+			return
+		}
+		assert.NoError(t, vm.Close())
+		faultHook = nil
+		assert.Contains(t, steps, "create vCPU 1")
+		if withTAP {
+			assert.Contains(t, steps, "virtio-net "+unwindTAP+"0")
+		}
+
+		for _, step := range steps {
+			before, err := snapshotResources()
+			if !assert.NoError(t, err) {
+				return
+			}
+			faultHook = func(s string) error {
+				if s == step {
+					return errInjected
+				}
+				return nil
+			}
+			vm, err := New(cfg)
+			faultHook = nil
+			if !assert.ErrorIs(t, err, errInjected, "step %q", step) {
+				if vm != nil {
+					vm.Close()
+				}
+				continue
+			}
+			assert.Nil(t, vm)
+			after, err := snapshotResources()
+			deadline := time.Now().Add(2 * time.Second)
+			for err == nil && after.Goroutines > before.Goroutines && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond) // exiting workers
+				after, err = snapshotResources()
+			}
+			if !assert.NoError(t, err) {
+				return
+			}
+			assert.Equal(t, before.FDs, after.FDs, "open fds after a failure at %q", step)
+			assert.Equal(t, before.Mappings, after.Mappings, "mappings after a failure at %q", step)
+			assert.Equal(t, before.TAPs, after.TAPs, "TAPs after a failure at %q", step)
+			assert.Equal(t, before.Goroutines, after.Goroutines, "goroutines after a failure at %q", step)
+		}
+		t.Logf("injected a failure after each of %d setup steps: %s", len(steps), strings.Join(steps, ", "))
+	}
+	if !withTAP {
+		t.Log("not root or no /dev/net/tun: the virtio-net steps are not exercised")
+		run()
+		return
+	}
+	if err := inOwnNetns(run); err != nil {
+		t.Fatalf("unshare(CLONE_NEWNET) as root: %v", err)
+	}
+}
