@@ -36,9 +36,9 @@ type NetConfig struct {
 }
 
 // netSlot0 is the PCI slot of the first virtio-net function; interfaces
-// take consecutive slots.
+// take consecutive slots, up to maxNets, below firstPassthroughSlot.
 const (
-	netSlot0 = 8
+	netSlot0 = 2
 	maxNets  = 8
 )
 

@@ -12,6 +12,7 @@ import (
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/hoststate"
 	"github.com/hpcvmm/hpcvmm/iommu"
+	"github.com/hpcvmm/hpcvmm/pci"
 	"github.com/hpcvmm/hpcvmm/uapi"
 	"github.com/hpcvmm/hpcvmm/vfio"
 )
@@ -61,8 +62,12 @@ func (p PassthroughConfig) specs() ([]vfio.Spec, error) {
 }
 
 // firstPassthroughSlot is the PCI slot of the first passed-through device;
-// hpcvmm's own devices sit below it.
-const firstPassthroughSlot = 8
+// hpcvmm's own devices (console at 1, nets at netSlot0..) sit below it, and
+// the passed-through devices take the slots up to 31.
+const (
+	firstPassthroughSlot = netSlot0 + maxNets
+	maxPassthrough       = pci.NumSlots - firstPassthroughSlot
+)
 
 // intxPin returns the IOAPIC pin for slot's INTA#: the PCI pins 16-23 of
 // the IOAPIC, rotated by slot like a PC's interrupt swizzle so devices do
@@ -90,6 +95,9 @@ func (vm *VM) checkPassthrough(h *host.Host) (node int, err error) {
 	}
 	if len(specs) == 0 {
 		return -1, nil
+	}
+	if len(specs) > maxPassthrough {
+		return -1, fieldErr("Passthrough", "%d devices: the guest's PCI bus has slots for %d; pass fewer --gpu/--vf", len(specs), maxPassthrough)
 	}
 	pt := &passthrough{specs: specs}
 	for _, sp := range specs {
