@@ -79,3 +79,51 @@ func seqName(prefix string, i int) string {
 func TestAMLTermsMatchIASL(t *testing.T) {
 	assert.Equal(t, vectorBody(t, "terms"), mustEncode(t, termsVector(t)...))
 }
+
+func TestAMLErrors(t *testing.T) {
+	bad := map[string]Term{
+		"long segment":      Name("TOOLONG", Zero),
+		"lower case":        Name("abcd", Zero),
+		"leading digit":     Name("1ABC", Zero),
+		"empty segment":     Path(`\_SB..X`),
+		"lone caret":        Path("^"),
+		"empty path":        Path(""),
+		"string NUL":        String("a\x00b"),
+		"string non-ASCII":  String("é"),
+		"method args":       Method("M000", 8, false),
+		"local":             Local(8),
+		"arg":               Arg(7),
+		"bad UUID":          UUID("33db4d5b-1ff7-401c-9657-7441c03dd76"),
+		"bad UUID hex":      UUID("33db4d5b-1ff7-401c-9657-7441c03dd76g"),
+		"nil predicate":     If(nil),
+		"nil term":          Scope(`\_SB`, nil),
+		"field zero bits":   Field("REG0", ByteAcc, false, Preserve, FieldUnit{"A", 0}),
+		"field access":      Field("REG0", 9, false, Preserve),
+		"field name":        Field("REG0", ByteAcc, false, Preserve, FieldUnit{"abc", 1}),
+		"create field name": CreateDWordField(Arg(3), Zero, "cdw1"),
+		"nested error":      Device("DEV0", Method("_STA", 0, false, Return(Local(9)))),
+	}
+	for name, term := range bad {
+		_, err := Encode(term)
+		assert.Error(t, err, name)
+	}
+	for _, id := range []string{"PNP0A0", "pnp0A08", "PNP0A0G", "PNP0a08"} {
+		_, err := EISAID(id)
+		assert.Error(t, err, id)
+	}
+}
+
+func TestNameStringForms(t *testing.T) {
+	cases := map[string][]byte{
+		`\`:             {0x5c, 0x00},
+		`_SB`:           []byte("_SB_"),
+		`\_SB.PCI0`:     append([]byte{0x5c, 0x2e}, "_SB_PCI0"...),
+		`_SB_.PCI0.S08`: append([]byte{0x2f, 3}, "_SB_PCI0S08_"...),
+		`^^A`:           append([]byte{0x5e, 0x5e}, "A___"...),
+	}
+	for path, want := range cases {
+		got, err := Path(path).AppendAML(nil)
+		require.NoError(t, err, path)
+		assert.Equal(t, want, got, path)
+	}
+}
