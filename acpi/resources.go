@@ -151,9 +151,9 @@ type AddressType uint8
 
 // Address space resource types.
 const (
-	MemoryRange    AddressType = 0
-	IORange        AddressType = 1
-	BusNumberRange AddressType = 2
+	AddressMemory    AddressType = 0
+	AddressIO        AddressType = 1
+	AddressBusNumber AddressType = 2
 )
 
 // Cacheability is a memory range's _MEM field, type-specific flags bits 1-2
@@ -195,27 +195,27 @@ type AddressSpace struct {
 
 // WordBusNumber describes bus numbers min..max (ASL WordBusNumber).
 func WordBusNumber(min, max uint16) AddressSpace {
-	return producerRange(16, BusNumberRange, 0, uint64(min), uint64(max))
+	return producerRange(16, AddressBusNumber, 0, uint64(min), uint64(max))
 }
 
 // WordIO describes I/O ports min..max (ASL WordIO, EntireRange).
 func WordIO(min, max uint16) AddressSpace {
-	return producerRange(16, IORange, ioEntireRange, uint64(min), uint64(max))
+	return producerRange(16, AddressIO, ioEntireRange, uint64(min), uint64(max))
 }
 
 // DWordIO describes I/O ports min..max (ASL DWordIO, EntireRange).
 func DWordIO(min, max uint32) AddressSpace {
-	return producerRange(32, IORange, ioEntireRange, uint64(min), uint64(max))
+	return producerRange(32, AddressIO, ioEntireRange, uint64(min), uint64(max))
 }
 
 // DWordMemory describes memory min..max below 4 GiB (ASL DWordMemory).
 func DWordMemory(min, max uint32, cache Cacheability, writable bool) AddressSpace {
-	return producerRange(32, MemoryRange, memoryFlags(cache, writable), uint64(min), uint64(max))
+	return producerRange(32, AddressMemory, memoryFlags(cache, writable), uint64(min), uint64(max))
 }
 
 // QWordMemory describes memory min..max (ASL QWordMemory).
 func QWordMemory(min, max uint64, cache Cacheability, writable bool) AddressSpace {
-	return producerRange(64, MemoryRange, memoryFlags(cache, writable), min, max)
+	return producerRange(64, AddressMemory, memoryFlags(cache, writable), min, max)
 }
 
 func memoryFlags(cache Cacheability, writable bool) uint8 {
@@ -246,7 +246,7 @@ func (r AddressSpace) AppendResource(dst []byte) ([]byte, error) {
 	default:
 		return nil, fmt.Errorf("acpi: address space descriptor of %d bits, want 16, 32 or 64", r.Bits)
 	}
-	if r.Type > BusNumberRange {
+	if r.Type > AddressBusNumber {
 		return nil, fmt.Errorf("acpi: address space resource type %d", r.Type)
 	}
 	if r.Min > r.Max {
