@@ -68,7 +68,7 @@ func Build(p Platform, base uint64) (Tables, error) {
 	if err != nil {
 		return Tables{}, err
 	}
-	dsdt, err := table(Header{Signature: "DSDT", Revision: 2}, oem, aml)
+	dsdt, err := table(header{Signature: "DSDT", Revision: 2}, oem, aml)
 	if err != nil {
 		return Tables{}, err
 	}

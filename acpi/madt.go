@@ -79,5 +79,5 @@ func madt(c madtConfig) ([]byte, error) {
 		body = binary.LittleEndian.AppendUint32(body, allProcessors32)
 		body = append(body, lint1, 0, 0, 0)
 	}
-	return table(Header{Signature: "APIC", Revision: madtRevision}, c.oemTableID, body)
+	return table(header{Signature: "APIC", Revision: madtRevision}, c.oemTableID, body)
 }

@@ -51,7 +51,7 @@ func srat(oemTableID string, cpus []CPU, mem []MemoryRange) ([]byte, error) {
 		body = binary.LittleEndian.AppendUint32(body, flags)
 		body = binary.LittleEndian.AppendUint64(body, 0)
 	}
-	return table(Header{Signature: "SRAT", Revision: sratRevision}, oemTableID, body)
+	return table(header{Signature: "SRAT", Revision: sratRevision}, oemTableID, body)
 }
 
 // slit builds the System Locality Information Table (§5.2.17): the N×N
@@ -61,5 +61,5 @@ func slit(oemTableID string, dist [][]uint8) ([]byte, error) {
 	for _, row := range dist {
 		body = append(body, row...)
 	}
-	return table(Header{Signature: "SLIT", Revision: 1}, oemTableID, body)
+	return table(header{Signature: "SLIT", Revision: 1}, oemTableID, body)
 }

@@ -5,7 +5,7 @@ import (
 	"fmt"
 )
 
-// HeaderLen is the size of the System Description Table Header (§5.2.6).
+// HeaderLen is the size of the System Description Table header (§5.2.6).
 const HeaderLen = 36
 
 // Identity of the tables' creator, written into every header.
@@ -17,9 +17,9 @@ const (
 	oemRevision     = 1
 )
 
-// Header holds the per-table fields of the System Description Table Header
+// header holds the per-table fields of the System Description Table header
 // (§5.2.6); the length and checksum are computed by Table.
-type Header struct {
+type header struct {
 	Signature  string // 4 characters, e.g. "APIC"
 	Revision   uint8
 	OEMTableID string // up to 8 characters, space padded
@@ -27,7 +27,7 @@ type Header struct {
 
 // table serializes hdr in front of body, filling in the length and the
 // checksum byte that makes all bytes of the table sum to zero.
-func table(hdr Header, oemTableID string, body []byte) ([]byte, error) {
+func table(hdr header, oemTableID string, body []byte) ([]byte, error) {
 	if len(hdr.Signature) != 4 {
 		return nil, fmt.Errorf("acpi: table signature %q is not 4 characters", hdr.Signature)
 	}
@@ -98,12 +98,12 @@ func xsdt(oemTableID string, addrs []uint64) ([]byte, error) {
 	for _, a := range addrs {
 		body = binary.LittleEndian.AppendUint64(body, a)
 	}
-	return table(Header{Signature: "XSDT", Revision: 1}, oemTableID, body)
+	return table(header{Signature: "XSDT", Revision: 1}, oemTableID, body)
 }
 
-// GAS is a Generic Address Structure (§5.2.3.2): where a fixed register
+// gas is a Generic Address Structure (§5.2.3.2): where a fixed register
 // lives.
-type GAS struct {
+type gas struct {
 	Space     RegionSpace // SystemMemory or SystemIO
 	BitWidth  uint8
 	BitOffset uint8
@@ -112,13 +112,13 @@ type GAS struct {
 	Address    uint64
 }
 
-// ioByteRegister is the GAS of an 8-bit I/O port accessed bytewise.
-func ioByteRegister(port uint16) GAS {
-	return GAS{Space: SystemIO, BitWidth: 8, AccessSize: 1, Address: uint64(port)}
+// ioByteRegister is the gas of an 8-bit I/O port accessed bytewise.
+func ioByteRegister(port uint16) gas {
+	return gas{Space: SystemIO, BitWidth: 8, AccessSize: 1, Address: uint64(port)}
 }
 
 // put writes the 12-byte structure at the start of dst.
-func (g GAS) put(dst []byte) {
+func (g gas) put(dst []byte) {
 	dst[0], dst[1], dst[2], dst[3] = byte(g.Space), g.BitWidth, g.BitOffset, g.AccessSize
 	binary.LittleEndian.PutUint64(dst[4:12], g.Address)
 }
@@ -152,19 +152,19 @@ const (
 
 // IA-PC Boot Architecture Flags (§5.2.9.3, Table 5.11).
 const (
-	bootArch8042         = 1 << 1 // an 8042 at 0x60/0x64: Linux probes the i8042
-	bootArchVGANotPresnt = 1 << 2 // do not probe VGA: the guest has none
-	bootArchNoCMOSRTC    = 1 << 5 // no CMOS RTC at 0x70: Linux then skips it
+	bootArch8042      = 1 << 1 // an 8042 at 0x60/0x64: Linux probes the i8042
+	bootArchNoVGA     = 1 << 2 // do not probe VGA: the guest has none
+	bootArchNoCMOSRTC = 1 << 5 // no CMOS RTC at 0x70: Linux then skips it
 )
 
 // fadtConfig is what the FADT says about the platform.
 type fadtConfig struct {
 	oemTableID  string
 	dsdt        uint64
-	reset       *GAS // nil: no reset register
+	reset       *gas // nil: no reset register
 	resetValue  uint8
-	sleepCtl    *GAS // nil: no sleep registers (no S5 via ACPI)
-	sleepStatus *GAS
+	sleepCtl    *gas // nil: no sleep registers (no S5 via ACPI)
+	sleepStatus *gas
 	i8042       bool
 	cmosRTC     bool
 }
@@ -187,7 +187,7 @@ func fadt(c fadtConfig) ([]byte, error) {
 		at(fadtResetValue)[0] = c.resetValue
 	}
 	binary.LittleEndian.PutUint32(at(fadtFlags), flags)
-	var arch uint16 = bootArchVGANotPresnt
+	var arch uint16 = bootArchNoVGA
 	if c.i8042 {
 		arch |= bootArch8042
 	}
@@ -202,7 +202,7 @@ func fadt(c fadtConfig) ([]byte, error) {
 		c.sleepStatus.put(at(fadtSleepStatus))
 	}
 	copy(at(fadtHypervisorID), oemID)
-	return table(Header{Signature: "FACP", Revision: fadtRevision}, c.oemTableID, b)
+	return table(header{Signature: "FACP", Revision: fadtRevision}, c.oemTableID, b)
 }
 
 // MCFG (PCI Firmware Specification 3.2 §4.1.2): 8 reserved bytes, then one
@@ -212,5 +212,5 @@ func mcfg(oemTableID string, ecamBase uint64, busStart, busEnd uint8) ([]byte, e
 	body = binary.LittleEndian.AppendUint64(body, ecamBase) // address of bus 0
 	body = binary.LittleEndian.AppendUint16(body, 0)        // PCI segment group
 	body = append(body, busStart, busEnd, 0, 0, 0, 0)
-	return table(Header{Signature: "MCFG", Revision: 1}, oemTableID, body)
+	return table(header{Signature: "MCFG", Revision: 1}, oemTableID, body)
 }
