@@ -20,6 +20,7 @@ packages=(
 	gcc libc6-dev    # uapi ABI conformance test (compiles C)
 	make linux-headers-amd64 # builds the L2 guest's edu MSI test module (tests/guest/edumsi)
 	ca-certificates  # go module downloads over HTTPS
+	acpica-tools # iasl: acpi package's byte-exact AML vectors and table disassembly
 )
 
 missing=()
