@@ -77,6 +77,7 @@ func (vm *VM) addPCI(physBits int) error {
 	if err != nil {
 		return err
 	}
+	vm.windows = w
 	if err := setupFault("assign BARs"); err != nil {
 		return err
 	}

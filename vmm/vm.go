@@ -71,6 +71,7 @@ type VM struct {
 	// topology is the guest's CPU topology: each vCPU's APIC ID and the
 	// CPUID that describes it.
 	topology cputopo.Topology
+	windows  addrspace.Windows // the guest's BAR windows (addPCI)
 
 	kvm  *uapi.System
 	vm   *uapi.VM
@@ -149,7 +150,11 @@ func New(cfg Config) (_ *VM, err error) {
 	for _, r := range addrspace.RAM(cfg.Memory) {
 		ram = append(ram, boot.RAMRange{GPA: r.GPA, Size: r.Size})
 	}
-	if err := boot.Check(boot.Params{Kernel: kernel, Cmdline: cfg.Cmdline, RAM: ram, CPUs: cfg.CPUs, MP: vm.mpOptions()}, uint64(len(initrd))); err != nil {
+	var acpiCheck *boot.ACPI
+	if !cfg.NoACPI {
+		acpiCheck = &boot.ACPI{RSDPAddr: boot.ACPIAreaStart} // the tables themselves come once the devices exist
+	}
+	if err := boot.Check(boot.Params{Kernel: kernel, Cmdline: cfg.Cmdline, RAM: ram, CPUs: cfg.CPUs, MP: vm.mpOptions(), ACPI: acpiCheck}, uint64(len(initrd))); err != nil {
 		field := "Memory"
 		if len(initrd) > 0 && strings.Contains(err.Error(), "initrd") {
 			field = "Initrd"
@@ -172,7 +177,7 @@ func New(cfg Config) (_ *VM, err error) {
 	if vm.place, err = choosePlacement(&cfg, h, devNode); err != nil {
 		return nil, err
 	}
-	if vm.topology, err = cputopo.Flat(cfg.CPUs); err != nil {
+	if vm.topology, err = vm.chooseTopology(h); err != nil {
 		return nil, fieldErr("CPUs", "%v", err)
 	}
 	// The checks `hpcvmm check` runs, with the same messages, before
@@ -279,9 +284,15 @@ func New(cfg Config) (_ *VM, err error) {
 	if err := vm.addPCI(physAddrBits(supported)); err != nil {
 		return nil, fmt.Errorf("PCI: %w", err)
 	}
-	bsp, err := boot.Load(vm.mem, boot.Params{
-		Kernel: kernel, Initrd: initrd, Cmdline: cfg.Cmdline, RAM: ram, CPUs: cfg.CPUs, MP: vm.mpOptions(),
-	})
+	params := boot.Params{Kernel: kernel, Initrd: initrd, Cmdline: cfg.Cmdline, RAM: ram, CPUs: cfg.CPUs, MP: vm.mpOptions()}
+	if !cfg.NoACPI {
+		if params.ACPI, err = vm.acpiTables(vm.windows); err != nil {
+			return nil, fmt.Errorf("ACPI tables: %w", err)
+		}
+		// Linux uses MMCONFIG only where the firmware reserved it.
+		params.Reserved = []boot.E820Entry{{Addr: addrspace.ECAMBase, Size: pci.ECAMSize}}
+	}
+	bsp, err := boot.Load(vm.mem, params)
 	if err != nil {
 		return nil, fmt.Errorf("load kernel: %w", err)
 	}
@@ -355,7 +366,8 @@ func (vm *VM) addPlatformDevices() error {
 // fd and kvm_run mapping would otherwise keep the KVM VM alive after
 // New's unwinding closed everything else).
 func (vm *VM) newVCPU(index int, supported []uapi.CPUIDEntry) (_ *vcpu, err error) {
-	c, err := vm.vm.CreateVCPU(index)
+	// KVM's vCPU id is the initial APIC ID.
+	c, err := vm.vm.CreateVCPU(int(vm.topology.VCPUs[index].APICID))
 	if err != nil {
 		return nil, err
 	}
