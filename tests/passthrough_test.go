@@ -218,6 +218,11 @@ func TestPassthroughVF(t *testing.T) {
 		g := vm.GuestResults()
 		require.Contains(t, vm.Console(), "HPCVMM-GUEST-MARKER done", "the guest's /init did not finish")
 		assertNVMeGuest(t, env, g)
+		// Through MCFG/ECAM the guest sees the VF's whole 4 KiB config
+		// space, extended capabilities included, as L1 does.
+		assert.Equal(t, "4096", g["nvme_config_bytes"], "the VF's config file in the guest")
+		assert.Equal(t, l1ConfigDword(t, harness.NVMeVFBDF, 0x100), g["nvme_config_0x100"], "dword 0x100 of the VF's config space: guest vs L1")
+		env.Record(t, "nvme_config_0x100", g["nvme_config_0x100"])
 
 		log := vm.Log()
 		vf := logRecord(log, "SR-IOV virtual function")
@@ -825,4 +830,17 @@ func recordL1IRQs(t *testing.T, env *harness.Env, seen map[string]uint64) map[st
 		env.Record(t, "l1_irq_"+name, strconv.FormatUint(n, 10))
 	}
 	return seen
+}
+
+// l1ConfigDword reads a dword of a device's config space as L1 sees it,
+// formatted like the guest's hexdump ("%08x").
+func l1ConfigDword(t *testing.T, bdf string, off int64) string {
+	t.Helper()
+	f, err := os.Open("/sys/bus/pci/devices/" + bdf + "/config")
+	require.NoError(t, err)
+	defer f.Close()
+	var b [4]byte
+	_, err = f.ReadAt(b[:], off)
+	require.NoError(t, err, "read %s config at %#x (needs root for the extended space)", bdf, off)
+	return fmt.Sprintf("%08x", binary.LittleEndian.Uint32(b[:]))
 }

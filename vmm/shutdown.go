@@ -16,7 +16,13 @@ const gedGSI = 5
 // addACPIDevices wires the hardware-reduced ACPI registers the FADT names
 // (sleep control/status, reset) and the GED that carries the power button.
 func (vm *VM) addACPIDevices() error {
-	vm.acpiPM = platform.NewACPIPM(func() { vm.stop(errGuestPoweroff) }, func() { vm.stop(errGuestReset) })
+	vm.acpiPM = platform.NewACPIPM(func() {
+		vm.log.Info("guest powered off through the ACPI sleep control register (S5)")
+		vm.stop(errGuestPoweroff)
+	}, func() {
+		vm.log.Info("guest reset through the ACPI reset register")
+		vm.stop(errGuestReset)
+	})
 	if err := vm.pio.Register(platform.ACPISleepControlPort, platform.ACPIPortsSize, "acpi pm", vm.acpiPM); err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ const ModulePath = "github.com/hpcvmm/hpcvmm"
 // Modules the L2 guest's /init loads (and everything they depend on):
 // virtio, nvme for a passed-through NVMe VF, uio_pci_generic for edu's
 // INTx (it binds only to IDs written to its new_id).
-var l2Modules = []string{"virtio_pci", "virtio_console", "virtio_net", "nvme", "uio_pci_generic"}
+var l2Modules = []string{"virtio_pci", "virtio_console", "virtio_net", "nvme", "uio_pci_generic", "button", "evdev"}
 
 // Modules L1's /init loads: KVM, VFIO, vhost-net/TAP for the management NIC,
 // nvme for the SR-IOV stand-in, and uio_pci_generic as a host driver that

@@ -1,0 +1,94 @@
+//go:build integration
+
+package tests
+
+import (
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hpcvmm/hpcvmm/tests/harness"
+)
+
+// TestACPIPlatform boots a 2-vCPU guest on hpcvmm's ACPI tables and checks
+// from inside it that the kernel found every table (APIC, FACP, DSDT,
+// MCFG, SRAT, SLIT) without an ACPI error, warning or firmware bug, took
+// its CPUs from the MADT and its interrupt routing from ACPI, uses ECAM
+// (MMCONFIG) so a PCI function's config file is the full 4096 bytes, and
+// sees the host bridge's NUMA node on the virtio console's function. The
+// guest reboots with reboot=a: the ACPI reset register, not the i8042,
+// ends the VM (hpcvmm's log says which), exit status 0.
+func TestACPIPlatform(t *testing.T) {
+	harness.Run(t, harness.ProfileBasic, func(t *testing.T, env *harness.Env) {
+		vm := env.StartVM(t, "run",
+			"--kernel", env.L2Kernel(t), "--initrd", env.L2Initrd(t),
+			"--cmdline", "console=ttyS0 reboot=a panic=-1 hpcvmm.scenario=acpi",
+			"--cpus", "2", "--memory", "512M", "--hugepages", "none", "--console", "virtio",
+		)
+		require.Equal(t, 0, vm.Wait(), "hpcvmm exit status after the guest rebooted")
+		require.Contains(t, vm.Console(), "HPCVMM-GUEST-MARKER done", "the guest's /init did not finish")
+		g := vm.GuestResults()
+		for _, tab := range []string{"APIC", "DSDT", "FACP", "MCFG", "SLIT", "SRAT"} {
+			assert.Contains(t, strings.Split(g["acpi_tables"], ","), tab, "ACPI table %s in the guest's /sys/firmware/acpi/tables", tab)
+		}
+		assert.Equal(t, "0", g["acpi_errors"], "ACPI errors in the guest's kernel log:\n%s", grepLines(vm.Console(), "hpcvmm-guest-acpi-error"))
+		assert.Equal(t, "madt", g["acpi_smp"], "the guest took its CPUs from the MADT")
+		assert.Equal(t, "ioapic", g["acpi_irq_routing"], "ACPI interrupt routing through the IOAPIC")
+		assert.Equal(t, "2", g["cpus_online"])
+		assert.Equal(t, "yes", g["mmconfig"], "the guest uses ECAM from the MCFG")
+		assert.Equal(t, "4096", g["console_config_bytes"], "config space of a PCI function through ECAM")
+		assert.Equal(t, "0", g["console_numa_node"], "the host bridge's _PXM")
+		assert.Equal(t, "0", g["numa_nodes"])
+		assert.Equal(t, "1", g["pwrb"], "power button device")
+		assert.Equal(t, "1", g["ged"], "generic event device")
+		assert.Contains(t, vm.Log(), "guest reset through the ACPI reset register")
+		for _, k := range []string{"acpi_tables", "cpu_topology", "console_config_bytes"} {
+			env.Record(t, k, g[k])
+		}
+	})
+}
+
+// TestACPIPowerButton sends SIGTERM to hpcvmm while the guest runs a reader
+// of its power button: hpcvmm presses the ACPI power button, the guest's
+// handler writes a marker and powers off through ACPI, and hpcvmm exits 0
+// well within --shutdown-timeout. (TestSIGTERMStopsTheVMAndReleasesItsHugepages
+// is the guest that ignores the button.)
+func TestACPIPowerButton(t *testing.T) {
+	harness.Run(t, harness.ProfileBasic, func(t *testing.T, env *harness.Env) {
+		vm := env.StartVM(t, "run",
+			"--kernel", env.L2Kernel(t), "--initrd", env.L2Initrd(t),
+			"--cmdline", "console=ttyS0 reboot=k panic=-1 hpcvmm.scenario=powerbutton",
+			"--cpus", "1", "--memory", "512M", "--hugepages", "none", "--console", "none",
+			"--shutdown-timeout", "2m",
+		)
+		_, ok := vm.WaitForLine("HPCVMM-GUEST-MARKER power-button-ready", 4*time.Minute)
+		require.True(t, ok, "the guest's power button reader never started:\n%s", vm.ConsoleTail(30))
+		sent := time.Now()
+		require.NoError(t, syscall.Kill(vm.PID(), syscall.SIGTERM))
+		code := vm.Wait()
+		took := time.Since(sent)
+		assert.Equal(t, 0, code, "exit status after a clean ACPI shutdown")
+		assert.Contains(t, vm.Console(), "HPCVMM-GUEST-MARKER power-button-pressed", "the guest's handler ran")
+		log := vm.Log()
+		assert.Contains(t, log, "ACPI power button pressed")
+		assert.Contains(t, log, "guest powered off through the ACPI sleep control register (S5)")
+		assert.Less(t, took, 2*time.Minute, "the guest powered off within --shutdown-timeout")
+		env.Record(t, "shutdown_ms", strconv.FormatInt(took.Milliseconds(), 10))
+	})
+}
+
+// grepLines returns the lines of s that contain substr.
+func grepLines(s, substr string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
