@@ -2,8 +2,8 @@ package platform
 
 import (
 	"bytes"
-	"sync"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
