@@ -483,3 +483,19 @@ func TestSerialTHRWriteAllocs(t *testing.T) {
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// TestSerialReceiveAllocs: host input through the line into the FIFO and the
+// guest's LSR/RBR reads on the vCPU exit path allocate nothing.
+func TestSerialReceiveAllocs(t *testing.T) {
+	r := newSerialRig()
+	linuxOpen(r)
+	in := []byte{'x'}
+	lsr, rbr := []byte{0}, []byte{0}
+	assert.Zero(t, testing.AllocsPerRun(1000, func() {
+		if _, err := r.s.Input(in); err != nil {
+			t.Fatal(err)
+		}
+		r.s.Read(regLSR, lsr)
+		r.s.Read(regRBR, rbr)
+	}))
+}
