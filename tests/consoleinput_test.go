@@ -50,14 +50,21 @@ func consoleInputAtLaunch(t *testing.T, console, dev, consoles string) {
 
 		_, ok := vm.WaitForLine("HPCVMM-GUEST-MARKER input-open", 4*time.Minute)
 		require.True(t, ok, "the guest never got to opening /dev/%s", dev)
-		got, ok := vm.WaitForLine("HPCVMM-INPUT got:", time.Minute)
+		_, ok = vm.WaitForLine("HPCVMM-INPUT got:", 90*time.Second)
 		require.True(t, ok, "the guest's read of /dev/%s never returned", dev)
 		elapsed := time.Since(start)
-		// Host side: hpcvmm's output carries the guest's marker with the
-		// exact line.
-		assert.Equal(t, "HPCVMM-INPUT got:["+line+"]", strings.TrimRight(got, "\r"), "marker line on hpcvmm's stdout")
-
 		require.Equal(t, 0, vm.Wait(), "hpcvmm exit status")
+		// Host side: hpcvmm's output carries the guest's marker with the
+		// exact line (looked up once hpcvmm exited: WaitForLine may see
+		// the line while its bytes are still arriving).
+		var got string
+		for _, l := range strings.Split(vm.Console(), "\n") {
+			if strings.HasPrefix(l, "HPCVMM-INPUT got:") {
+				got = strings.TrimRight(l, "\r")
+			}
+		}
+		assert.Equal(t, "HPCVMM-INPUT got:["+line+"]", got, "marker line on hpcvmm's stdout")
+
 		// Guest side: what the guest's read returned.
 		g := vm.GuestResults()
 		sum := sha256.Sum256([]byte(line))
