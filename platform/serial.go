@@ -9,6 +9,7 @@
 package platform
 
 import (
+	"errors"
 	"io"
 	"sync"
 )
@@ -80,19 +81,35 @@ const (
 	msrDelta = 0x0f
 )
 
-// rxCap bounds the receive queue. A real 16550A holds 16 bytes; the model
-// holds more so a paste into the console is not lost while the guest is
-// busy, and still bounds what a stdin flood can pin in memory. Bytes beyond
-// it are dropped with an overrun, as on hardware.
-const rxCap = 64 << 10
+// Receive path sizes. The chip's receive FIFO is a 16550A's 16 bytes (one
+// byte, the 16450's holding register, while the guest has the FIFOs
+// disabled). In front of it the host end of the line holds up to
+// rxHoldSize bytes the guest has not taken yet: Input blocks while that is
+// full, so a stdin flood is bounded here and backpressured to the reader
+// instead of dropped.
+const (
+	rxFIFOSize = 16
+	rxHoldSize = 4096
+)
+
+// ErrInputClosed is returned by Input and ReadFrom once CloseInput was
+// called: the VM is going away and nothing will drain the line any more.
+var ErrInputClosed = errors.New("serial: input closed")
 
 // Serial is a 16550A UART. The guest drives it through Read and Write (as a
-// bus.Device over SerialSize ports); the host feeds it with Input. Output
-// is written to out synchronously, one byte per THR write.
+// bus.Device over SerialSize ports); the host feeds it with Input or
+// ReadFrom. Output is written to out synchronously, one byte per THR write.
 //
 // Transmission is instantaneous: THR and the transmitter are always empty
 // (LSR.THRE|TEMT), so the guest never waits, and each write re-raises the
 // THR-empty interrupt when enabled.
+//
+// Reception is flow-controlled by the guest's driver: host bytes wait on the
+// host end of the line and enter the FIFO only while the driver listens
+// (see listening), so the FIFO resets a driver does when it opens or closes
+// the port (FCR clear, a dummy RBR read) never meet host input, and the
+// FIFO is refilled as the guest reads RBR. Nothing from the host is ever
+// dropped; LSR.OE can only come from loopback.
 type Serial struct {
 	mu  sync.Mutex
 	out io.Writer
@@ -105,11 +122,21 @@ type Serial struct {
 	msrDelta           byte // MSR delta bits, cleared by reading MSR
 	thrPending         bool // THR-empty interrupt raised and not yet acknowledged
 
-	rx       []byte // ring buffer of rxCap bytes
-	rxHead   int
-	rxLen    int
+	fifo     [rxFIFOSize]byte // the chip's receive FIFO (ring)
+	fifoHead int
+	fifoLen  int
+	lastRead byte    // RBR value when the FIFO is empty
 	txByte   [1]byte // reused for every output byte so THR writes don't allocate
-	lastRead byte    // RBR value when the queue is empty
+
+	// The host end of the line: bytes accepted by Input that the FIFO has
+	// not taken yet (ring). space is signalled (under mu) whenever the
+	// FIFO takes some, waking a blocked Input.
+	hold      [rxHoldSize]byte
+	holdHead  int
+	holdLen   int
+	space     sync.Cond
+	inClosed  bool
+	inputBusy sync.Mutex // serializes Input callers so their bytes never interleave
 }
 
 // NewSerial returns a UART that writes guest output to out and calls irq to
@@ -124,48 +151,143 @@ func NewSerial(out io.Writer, irq func()) *Serial {
 	if irq == nil {
 		irq = func() {}
 	}
-	return &Serial{
+	s := &Serial{
 		out: out,
 		irq: irq,
 		dll: 0x0c, // 9600 baud, the usual firmware default
-		rx:  make([]byte, rxCap),
+	}
+	s.space.L = &s.mu
+	return s
+}
+
+// Input sends p to the guest: it returns once every byte is on the host end
+// of the line (not necessarily read by the guest yet), blocking while that
+// holds rxHoldSize bytes the guest has not taken. This is the backpressure
+// a console reader needs: it stops reading its source instead of the UART
+// dropping bytes. It raises the received-data interrupt when the guest is
+// listening. Concurrent callers are serialized. After CloseInput it returns
+// the bytes queued so far and ErrInputClosed.
+func (s *Serial) Input(p []byte) (int, error) {
+	s.inputBusy.Lock()
+	defer s.inputBusy.Unlock()
+	done := 0
+	for done < len(p) {
+		s.mu.Lock()
+		for s.holdLen == len(s.hold) && !s.inClosed {
+			s.space.Wait()
+		}
+		if s.inClosed {
+			s.mu.Unlock()
+			return done, ErrInputClosed
+		}
+		for done < len(p) && s.holdLen < len(s.hold) {
+			i := (s.holdHead + s.holdLen) % len(s.hold)
+			k := copy(s.hold[i:min(len(s.hold), i+len(s.hold)-s.holdLen)], p[done:])
+			s.holdLen += k
+			done += k
+		}
+		kick := s.receive()
+		s.mu.Unlock()
+		if kick {
+			s.irq()
+		}
+	}
+	return done, nil
+}
+
+// ReadFrom implements io.ReaderFrom: it feeds the guest from r until r ends
+// or CloseInput, with Input's backpressure (r is not read while the line is
+// full). At r's end the bytes still waiting stay queued for the guest: end
+// of file on stdin discards nothing. A clean end of file returns a nil error.
+func (s *Serial) ReadFrom(r io.Reader) (int64, error) {
+	var buf [512]byte
+	var total int64
+	for {
+		n, rerr := r.Read(buf[:])
+		if n > 0 {
+			k, err := s.Input(buf[:n])
+			total += int64(k)
+			if err != nil {
+				return total, err
+			}
+		}
+		if rerr == io.EOF {
+			return total, nil
+		}
+		if rerr != nil {
+			return total, rerr
+		}
 	}
 }
 
-// Input queues bytes received from the host side (the console's stdin) and
-// raises the received-data interrupt if the guest enabled it. It is safe to
-// call concurrently with guest accesses. Bytes that do not fit are dropped
-// and reported to the guest as an overrun.
-func (s *Serial) Input(p []byte) {
-	if len(p) == 0 {
-		return
-	}
+// CloseInput ends host input: a blocked Input returns ErrInputClosed, and so
+// does every later one. Bytes already queued stay readable by the guest.
+func (s *Serial) CloseInput() {
 	s.mu.Lock()
-	for _, b := range p {
-		s.push(b)
-	}
-	kick := s.rxInterrupt()
+	s.inClosed = true
+	s.space.Broadcast()
 	s.mu.Unlock()
-	if kick {
-		s.irq()
-	}
 }
 
-// push appends one received byte, or records an overrun when the queue is
-// full.
+// fifoCap is the receive FIFO's depth: 16 bytes with the FIFOs enabled, the
+// single holding register of 16450 mode otherwise.
+func (s *Serial) fifoCap() int {
+	if s.fcr&fcrEnable != 0 {
+		return rxFIFOSize
+	}
+	return 1
+}
+
+// listening reports whether the guest's driver is ready to receive: out of
+// loopback, interrupts routed to the PIC (MCR.OUT2, which gates a PC UART's
+// IRQ), RTS asserted (hardware flow control, which Linux also drops to
+// throttle with CRTSCTS) and the received-data interrupt enabled. Linux's
+// 8250 driver sets all of these only when a port is opened and clears them
+// before it resets the FIFO on close, and its probe never has them all, so
+// host input waits rather than meet those resets. A driver that polls LSR
+// with interrupts off receives nothing; Linux does not do that.
+func (s *Serial) listening() bool {
+	return s.mcr&(mcrLoop|mcrOUT2|mcrRTS) == mcrOUT2|mcrRTS && s.ier&ierRDI != 0
+}
+
+// receive moves held host bytes into the FIFO while the guest listens and
+// reports whether that made the received-data interrupt newly pending (the
+// FIFO was empty). Called with mu held; wakes a blocked Input when it took
+// bytes.
+func (s *Serial) receive() bool {
+	if !s.listening() || s.holdLen == 0 {
+		return false
+	}
+	wasEmpty := s.fifoLen == 0
+	moved := false
+	for c := s.fifoCap(); s.fifoLen < c && s.holdLen > 0; {
+		s.fifo[(s.fifoHead+s.fifoLen)%len(s.fifo)] = s.hold[s.holdHead]
+		s.fifoLen++
+		s.holdHead = (s.holdHead + 1) % len(s.hold)
+		s.holdLen--
+		moved = true
+	}
+	if moved {
+		s.space.Broadcast()
+	}
+	return moved && wasEmpty && s.ier&ierRDI != 0
+}
+
+// push appends one byte received in loopback, or records an overrun when
+// the FIFO is full, as on hardware.
 func (s *Serial) push(b byte) {
-	if s.rxLen == len(s.rx) {
+	if s.fifoLen >= s.fifoCap() {
 		s.lsrErr |= lsrOE
 		return
 	}
-	s.rx[(s.rxHead+s.rxLen)%len(s.rx)] = b
-	s.rxLen++
+	s.fifo[(s.fifoHead+s.fifoLen)%len(s.fifo)] = b
+	s.fifoLen++
 }
 
 // rxInterrupt reports whether a receive-side interrupt is enabled and
 // pending.
 func (s *Serial) rxInterrupt() bool {
-	return s.ier&ierRDI != 0 && s.rxLen > 0 || s.ier&ierRLSI != 0 && s.lsrErr != 0
+	return s.ier&ierRDI != 0 && s.fifoLen > 0 || s.ier&ierRLSI != 0 && s.lsrErr != 0
 }
 
 // Read implements bus.Device. An access wider than a byte reads consecutive
@@ -208,10 +330,14 @@ func (s *Serial) readReg(reg uint64) byte {
 		if s.lcr&lcrDLAB != 0 {
 			return s.dll
 		}
-		if s.rxLen > 0 {
-			s.lastRead = s.rx[s.rxHead]
-			s.rxHead = (s.rxHead + 1) % len(s.rx)
-			s.rxLen--
+		if s.fifoLen > 0 {
+			s.lastRead = s.fifo[s.fifoHead]
+			s.fifoHead = (s.fifoHead + 1) % len(s.fifo)
+			s.fifoLen--
+			// Refill from the line at once: LSR.DR stays set, so the
+			// driver's receive loop goes on reading without a new
+			// interrupt, as with a FIFO that keeps receiving.
+			s.receive()
 		}
 		return s.lastRead
 	case regIER:
@@ -289,8 +415,11 @@ func (s *Serial) writeReg(reg uint64, v byte) bool {
 		} else if s.ier&ierTHRI == 0 {
 			s.thrPending = false
 		}
+		if s.receive() {
+			kick = true // the driver started listening: held input arrives
+		}
 		newly := s.ier &^ old
-		if newly&ierRDI != 0 && s.rxLen > 0 ||
+		if newly&ierRDI != 0 && s.fifoLen > 0 ||
 			newly&ierRLSI != 0 && s.lsrErr != 0 ||
 			newly&ierMSI != 0 && s.msrDelta != 0 {
 			kick = true
@@ -299,20 +428,22 @@ func (s *Serial) writeReg(reg uint64, v byte) bool {
 	case regFCR:
 		if (v^s.fcr)&fcrEnable != 0 || v&fcrClearRx != 0 {
 			// Toggling the FIFOs or asking for it clears the receive
-			// FIFO; input the guest never saw is discarded as on
-			// hardware.
-			s.rxHead, s.rxLen = 0, 0
+			// FIFO, as on hardware. Only bytes already in the FIFO go:
+			// the host end of the line keeps the rest, and a driver
+			// that is not listening has none in its FIFO.
+			s.fifoHead, s.fifoLen = 0, 0
 		}
 		// Only the enable and trigger-level bits are remembered; the
 		// clear bits self-clear. Bit 5 (64-byte FIFO) is 16750-only
 		// and stays clear, so Linux does not detect a 16750.
 		s.fcr = v & 0xc1
-		return false
+		return s.receive()
 	case regLCR:
 		s.lcr = v
 		return false
 	case regMCR:
-		return s.setMCR(v & mcrMask)
+		kick := s.setMCR(v & mcrMask)
+		return s.receive() || kick
 	case regLSR, regMSR:
 		// Read-only on a 16550A (writes are factory test hooks).
 		return false
@@ -373,7 +504,7 @@ func (s *Serial) msr() byte { return s.msrLines() | s.msrDelta }
 
 func (s *Serial) lsr() byte {
 	v := byte(lsrTHRE|lsrTEMT) | s.lsrErr
-	if s.rxLen > 0 {
+	if s.fifoLen > 0 {
 		v |= lsrDR
 	}
 	return v
@@ -386,7 +517,7 @@ func (s *Serial) pendingID() byte {
 	switch {
 	case s.ier&ierRLSI != 0 && s.lsrErr&lsrErr != 0:
 		return iirRLSI
-	case s.ier&ierRDI != 0 && s.rxLen > 0:
+	case s.ier&ierRDI != 0 && s.fifoLen > 0:
 		return iirRDI
 	case s.ier&ierTHRI != 0 && s.thrPending:
 		return iirTHRI

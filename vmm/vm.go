@@ -455,6 +455,9 @@ func (vm *VM) Run(ctx context.Context) error {
 		vm.stop(fmt.Errorf("%w: %w", errStopped, context.Cause(ctx)))
 		<-done
 	}
+	if vm.serial != nil {
+		vm.serial.CloseInput() // a feeder blocked on a full line returns
+	}
 	vm.logExits()
 	if !errors.Is(vm.reason, errGuestReset) && !errors.Is(vm.reason, errGuestPoweroff) {
 		vm.logVCPUState()
@@ -497,17 +500,14 @@ func (vm *VM) noteFirstRun() {
 // KVM_RUN; zero before Run got there.
 func (vm *VM) FirstRunLatency() time.Duration { return time.Duration(vm.firstRun.Load()) }
 
-// feedSerial copies console input to the UART until the reader ends.
+// feedSerial feeds console input to the UART until the reader ends or the
+// VM stops. The UART's ReadFrom holds input on its side of the line until
+// the guest's driver takes it and stops reading r while that is full
+// (backpressure, nothing dropped); at r's end of file what is still queued
+// stays there for the guest.
 func (vm *VM) feedSerial(r io.Reader) {
-	buf := make([]byte, 256)
-	for !vm.stopping.Load() {
-		n, err := r.Read(buf)
-		if n > 0 {
-			vm.serial.Input(buf[:n])
-		}
-		if err != nil {
-			return
-		}
+	if _, err := vm.serial.ReadFrom(r); err != nil && !errors.Is(err, platform.ErrInputClosed) {
+		vm.log.Warn("serial console: reading input", "err", err)
 	}
 }
 

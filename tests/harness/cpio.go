@@ -5,103 +5,82 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
+
+	"github.com/u-root/u-root/pkg/cpio"
 )
 
-// cpio "newc" (SVR4, no CRC) is the format the kernel unpacks into the
-// initramfs. Writing it here keeps the harness free of a cpio(1) dependency
-// and of an extra module.
+// The initramfs images are cpio "newc" (SVR4, no CRC) archives, the format
+// the kernel unpacks. The records are written by u-root's pkg/cpio, the
+// library the project's design names for test initramfs images: its newc
+// writer and reader are tested upstream (and against GNU cpio there), so the
+// harness keeps only the ordering and the metadata policy below, not a
+// format implementation of its own. TestImageReadableByCPIO still
+// cross-checks the result with the system cpio(1).
 
-// newcMagic starts every newc header.
-const newcMagic = "070701"
-
-// CPIOWriter writes a newc archive entry by entry. Parent directories must be
-// written before their contents; Image does that ordering for callers.
+// CPIOWriter writes a newc archive entry by entry through u-root's
+// cpio.Newc writer. Parent directories must be written before their
+// contents; Image does that ordering for callers.
+//
+// Metadata is fixed so archives are reproducible and unpack the same on
+// every host: uid/gid 0, mtime 0, one link each, and inode numbers counting
+// up from 1 (u-root leaves them to the caller; distinct numbers keep the
+// kernel's hard-link detection from ever pairing two entries).
 type CPIOWriter struct {
-	w   *bufio.Writer
-	ino uint32
-	n   int64 // bytes written, to compute the 4-byte padding
+	buf *bufio.Writer
+	rw  cpio.RecordWriter
+	ino uint64
 }
 
 // NewCPIOWriter returns a writer that emits a newc archive to w. Call Close to
 // write the trailer.
 func NewCPIOWriter(w io.Writer) *CPIOWriter {
-	return &CPIOWriter{w: bufio.NewWriterSize(w, 1<<20)}
+	buf := bufio.NewWriterSize(w, 1<<20)
+	return &CPIOWriter{buf: buf, rw: cpio.Newc.Writer(buf)}
 }
 
 // Dir writes a directory entry.
 func (c *CPIOWriter) Dir(name string, perm os.FileMode) error {
-	return c.header(name, 0o040000|uint32(perm.Perm()), 2, 0)
+	return c.write(cpio.Record{Info: c.info(name, cpio.S_IFDIR|uint64(perm.Perm()), 2)})
 }
 
 // Symlink writes a symbolic link name → target.
 func (c *CPIOWriter) Symlink(name, target string) error {
-	if err := c.header(name, 0o120000|0o777, 1, int64(len(target))); err != nil {
-		return err
-	}
-	return c.data(strings.NewReader(target), int64(len(target)))
+	rec := cpio.Symlink(name, target)
+	rec.Info = c.info(name, rec.Mode, 1)
+	rec.FileSize = uint64(len(target))
+	return c.write(rec)
 }
 
 // File writes a regular file whose content is read from r, which must yield
-// exactly size bytes.
-func (c *CPIOWriter) File(name string, perm os.FileMode, size int64, r io.Reader) error {
-	if err := c.header(name, 0o100000|uint32(perm.Perm()), 1, size); err != nil {
-		return err
+// exactly size bytes. An r that is also an io.Closer is closed once copied.
+func (c *CPIOWriter) File(name string, perm os.FileMode, size int64, r io.ReaderAt) error {
+	if size < 0 || size > 0xffffffff {
+		return fmt.Errorf("cpio: %s: %d bytes does not fit newc's 32-bit size field (4 GiB)", name, size)
 	}
-	return c.data(r, size)
+	info := c.info(name, cpio.S_IFREG|uint64(perm.Perm()), 1)
+	info.FileSize = uint64(size)
+	return c.write(cpio.Record{ReaderAt: r, Info: info})
 }
 
 // Close writes the trailer entry and flushes.
 func (c *CPIOWriter) Close() error {
-	if err := c.header("TRAILER!!!", 0, 1, 0); err != nil {
-		return err
+	if err := cpio.WriteTrailer(c.rw); err != nil {
+		return fmt.Errorf("cpio: trailer: %w", err)
 	}
-	return c.w.Flush()
-}
-
-func (c *CPIOWriter) header(name string, mode uint32, nlink uint32, size int64) error {
-	if size > 0xffffffff {
-		return fmt.Errorf("cpio: %s: %d bytes exceeds the newc limit of 4 GiB", name, size)
-	}
-	c.ino++
-	// Fields: ino mode uid gid nlink mtime filesize devmajor devminor
-	// rdevmajor rdevminor namesize check. mtime 0 keeps archives reproducible.
-	hdr := fmt.Sprintf("%s%08x%08x%08x%08x%08x%08x%08x%08x%08x%08x%08x%08x%08x",
-		newcMagic, c.ino, mode, 0, 0, nlink, 0, uint32(size), 0, 0, 0, 0, len(name)+1, 0)
-	if err := c.write([]byte(hdr)); err != nil {
-		return err
-	}
-	if err := c.write(append([]byte(name), 0)); err != nil {
-		return err
-	}
-	return c.pad()
-}
-
-func (c *CPIOWriter) data(r io.Reader, size int64) error {
-	n, err := io.Copy(c.w, io.LimitReader(r, size))
-	c.n += n
-	if err != nil {
-		return fmt.Errorf("cpio: copying data: %w", err)
-	}
-	if n != size {
-		return fmt.Errorf("cpio: data shorter than its header says: %d of %d bytes", n, size)
-	}
-	return c.pad()
-}
-
-func (c *CPIOWriter) write(b []byte) error {
-	n, err := c.w.Write(b)
-	c.n += int64(n)
-	if err != nil {
+	if err := c.buf.Flush(); err != nil {
 		return fmt.Errorf("cpio: write: %w", err)
 	}
 	return nil
 }
 
-// pad aligns the stream to 4 bytes, as newc requires after names and data.
-func (c *CPIOWriter) pad() error {
-	if rem := c.n % 4; rem != 0 {
-		return c.write(make([]byte, 4-rem))
+func (c *CPIOWriter) info(name string, mode, nlink uint64) cpio.Info {
+	c.ino++
+	return cpio.Info{Ino: c.ino, Mode: mode, NLink: nlink, Name: name}
+}
+
+func (c *CPIOWriter) write(rec cpio.Record) error {
+	if err := c.rw.WriteRecord(rec); err != nil {
+		return fmt.Errorf("cpio: %s: %w", rec.Name, err)
 	}
 	return nil
 }

@@ -15,6 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// newcMagic starts every newc header.
+const newcMagic = "070701"
+
 // newcEntry is one decoded archive member.
 type newcEntry struct {
 	name string
@@ -104,6 +107,23 @@ func TestImageReadableByCPIO(t *testing.T) {
 	got := strings.Fields(string(out))
 	sort.Strings(got)
 	assert.Equal(t, []string{"a", "a/b", "a/b/c.txt", "a/link"}, got)
+
+	// Unpacking gives back the content, permissions and link target.
+	dir := t.TempDir()
+	require.NoError(t, im.WriteCPIO(&buf))
+	cmd = exec.Command(cpio, "-id", "--quiet", "--no-absolute-filenames")
+	cmd.Dir, cmd.Stdin = dir, &buf
+	out, err = cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	data, err := os.ReadFile(filepath.Join(dir, "a/b/c.txt"))
+	require.NoError(t, err)
+	assert.Equal(t, "hello", string(data))
+	st, err := os.Lstat(filepath.Join(dir, "a/b/c.txt"))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+	target, err := os.Readlink(filepath.Join(dir, "a/link"))
+	require.NoError(t, err)
+	assert.Equal(t, "b/c.txt", target)
 }
 
 func TestImageBuildReusesUnchangedArchive(t *testing.T) {
@@ -147,5 +167,38 @@ func TestImageBuildNamesMissingSource(t *testing.T) {
 func TestCPIOWriterRejectsShortData(t *testing.T) {
 	w := NewCPIOWriter(io.Discard)
 	err := w.File("f", 0o644, 10, strings.NewReader("short"))
-	require.ErrorContains(t, err, "shorter")
+	require.ErrorContains(t, err, "wrote 5 bytes of file instead of 10")
+}
+
+// TestCPIOWriterInodesDistinct checks the metadata policy the harness adds on
+// top of u-root's writer: distinct inode numbers, one link per file, so the
+// kernel's hard-link detection never merges two entries.
+func TestCPIOWriterInodesDistinct(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewCPIOWriter(&buf)
+	require.NoError(t, w.Dir("d", 0o755))
+	require.NoError(t, w.File("d/a", 0o644, 1, strings.NewReader("a")))
+	require.NoError(t, w.File("d/b", 0o644, 1, strings.NewReader("b")))
+	require.NoError(t, w.Close())
+	b := buf.Bytes()
+	seen := map[string]bool{}
+	for off := 0; off+110 <= len(b); {
+		h := string(b[off : off+110])
+		require.Equal(t, newcMagic, h[:6])
+		ino, nlink := strings.ToLower(h[6:14]), h[38:46]
+		size, _ := strconv.ParseUint(h[54:62], 16, 32)
+		namesize, _ := strconv.ParseUint(h[94:102], 16, 32)
+		name := string(b[off+110 : off+110+int(namesize)-1])
+		if name == "TRAILER!!!" {
+			break
+		}
+		assert.False(t, seen[ino], "inode %s reused by %s", ino, name)
+		seen[ino] = true
+		if name != "d" {
+			assert.Equal(t, "00000001", nlink, "nlink of %s", name)
+		}
+		off = (off + 110 + int(namesize) + 3) &^ 3
+		off = (off + int(size) + 3) &^ 3
+	}
+	assert.Len(t, seen, 3)
 }

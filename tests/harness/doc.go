@@ -29,6 +29,12 @@
 // back on L1's second serial port and are parsed on the outer side; the first
 // serial port carries the human-readable `go test -v` output.
 //
+// The L1 and L2 initramfs images (Image) are newc cpio archives written with
+// u-root's pkg/cpio (github.com/u-root/u-root), the library the design names
+// for test initramfs images, rather than a cpio writer of the harness's own;
+// the harness adds only entry order and fixed metadata (cpio.go) and checks
+// the result with an independent decoder and the system cpio(1).
+//
 // An L1 that writes nothing to either port for HPCVMM_L1_STALL is killed
 // (its CPU registers saved from the QEMU monitor) and booted once more for
 // the scenarios that had no outcome yet; a scenario run in that second boot

@@ -126,6 +126,8 @@ func (im *Image) WriteCPIO(w io.Writer) error {
 	return cw.Close()
 }
 
+// copyInto writes the host file behind e as p; the cpio writer closes it
+// once copied (and the deferred Close covers the error paths before that).
 func copyInto(cw *CPIOWriter, p string, e imageEntry) error {
 	f, err := os.Open(e.src)
 	if err != nil {

@@ -125,6 +125,10 @@ func (e *Env) StartVM(t testing.TB, args ...string) *VMProcess {
 // Stdin is hpcvmm's standard input: what the guest's console reads.
 func (vm *VMProcess) Stdin() io.Writer { return vm.stdin }
 
+// CloseStdin closes hpcvmm's standard input: the console then sees end of
+// file after whatever was written, as with `hpcvmm run < file`.
+func (vm *VMProcess) CloseStdin() error { return vm.stdin.Close() }
+
 // PID returns the hpcvmm process id.
 func (vm *VMProcess) PID() int { return vm.cmd.Process.Pid }
 

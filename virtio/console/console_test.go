@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"io"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -54,21 +56,29 @@ type guest struct {
 // config vector and one per queue, VERSION_1 + EVENT_IDX + F_SIZE, both
 // queues, DRIVER_OK.
 func boot(t *testing.T) *guest {
+	pr, pw := io.Pipe()
+	g := bootWith(t, pr)
+	t.Cleanup(func() { pw.Close() })
+	g.in = pw
+	return g
+}
+
+// bootWith is boot with in as hpcvmm's stdin, and the receive queue set up
+// but without buffers: a test posts them with postRx.
+func bootWith(t *testing.T, in io.Reader) *guest {
 	if raceEnabled {
 		t.Skip("guest memory is shared with the device goroutine without Go synchronization, as with a real guest")
 	}
-	pr, pw := io.Pipe()
 	out := &syncBuffer{}
-	con, err := console.New(pr, out, console.Options{Rows: 24, Cols: 80, QueueSize: 64})
+	con, err := console.New(in, out, console.Options{Rows: 24, Cols: 80, QueueSize: 64})
 	require.NoError(t, err)
 	rig, err := transporttest.NewRig(con, make(queuetest.Memory, 4<<20))
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		rig.T.Close()
-		pw.Close()
 		con.Close()
 	})
-	g := &guest{Rig: rig, con: con, out: out, in: pw}
+	g := &guest{Rig: rig, con: con, out: out}
 	g.EnableMSIX(3)
 	_, st := g.Negotiate(virtio.FeatureVersion1 | virtio.FeatureEventIdx | console.FeatureSize)
 	require.NotZero(t, st&virtio.StatusFeaturesOK)
@@ -213,4 +223,65 @@ func BenchmarkConsoleTransmit(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestConsoleInputBeforeBuffersArrives: stdin given at launch (a file or a
+// pipe that already hit EOF) is read before the guest's driver posts receive
+// buffers; every byte must reach the guest once it does.
+func TestConsoleInputBeforeBuffersArrives(t *testing.T) {
+	g := bootWith(t, strings.NewReader("line given at launch\n"))
+	time.Sleep(50 * time.Millisecond) // the host side reads stdin and reaches EOF
+	assert.Equal(t, uint16(0), g.rx.UsedIdx())
+	g.rx.Chain(g.rx.DescAddr, 0, []queuetest.Buf{{Addr: 0x200000, Len: 4096, Write: true}})
+	g.rx.Publish(0)
+	require.NoError(t, g.Kick(0))
+	waitUsed(t, g.rx, 1)
+	_, n, _ := g.rx.NextUsed()
+	assert.Equal(t, "line given at launch\n", string(g.Mem[0x200000:0x200000+n]))
+}
+
+// countingReader is stdin that records how much the console has read.
+type countingReader struct {
+	r    io.Reader
+	read atomic.Int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.read.Add(int64(n))
+	return n, err
+}
+
+// TestConsoleInputBackpressure: with no receive buffers the console stops
+// reading stdin after one bounded chunk instead of draining it into memory
+// or dropping it; as the guest posts buffers, every byte arrives in order,
+// and the end of stdin delivers what was still queued.
+func TestConsoleInputBackpressure(t *testing.T) {
+	want := make([]byte, 64<<10)
+	for i := range want {
+		want[i] = byte(i * 13)
+	}
+	src := &countingReader{r: bytes.NewReader(want)}
+	g := bootWith(t, src)
+	time.Sleep(50 * time.Millisecond)
+	assert.LessOrEqual(t, src.read.Load(), int64(4096), "bytes read from stdin with nowhere to put them")
+	assert.Positive(t, src.read.Load(), "input is read ahead of the driver")
+
+	var got []byte
+	const bufLen = 1000 // not a divisor of the chunk: chains straddle chunks
+	used := uint16(0)
+	for head := uint16(0); len(got) < len(want); head = (head + 1) % 64 {
+		addr := 0x200000 + uint64(head)*bufLen
+		g.rx.Chain(g.rx.DescAddr, head, []queuetest.Buf{{Addr: addr, Len: bufLen, Write: true}})
+		g.rx.Publish(head)
+		require.NoError(t, g.Kick(0))
+		used++
+		require.Eventually(t, func() bool { return g.rx.UsedIdx() == used }, 2*time.Second, time.Millisecond,
+			"buffer %d not used after %d of %d bytes", head, len(got), len(want))
+		_, n, ok := g.rx.NextUsed()
+		require.True(t, ok)
+		got = append(got, g.Mem[addr:addr+uint64(n)]...)
+		assert.LessOrEqual(t, src.read.Load()-int64(len(got)), int64(4096), "read ahead of the guest")
+	}
+	assert.Equal(t, want, got)
 }
