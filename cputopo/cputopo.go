@@ -173,3 +173,26 @@ func bitsFor(n int) uint {
 	}
 	return uint(bits.Len(uint(n - 1)))
 }
+
+// WithAPICIDs returns a topology of single-thread cores in one package
+// whose vCPU i has APIC ID ids[i] (ids[0] must be 0, the boot CPU, and all
+// distinct). It exists to exercise sparse and large APIC IDs (above 254,
+// x2APIC only) without hundreds of vCPUs.
+func WithAPICIDs(ids []uint32) (Topology, error) {
+	if len(ids) == 0 || ids[0] != 0 {
+		return Topology{}, errors.New("cputopo: APIC IDs must start with 0, the boot CPU")
+	}
+	seen := map[uint32]bool{}
+	var top uint32
+	t := Topology{VCPUs: make([]VCPU, len(ids)), ThreadsPerCore: 1}
+	for i, id := range ids {
+		if seen[id] {
+			return Topology{}, fmt.Errorf("cputopo: APIC ID %d given twice", id)
+		}
+		seen[id] = true
+		top = max(top, id)
+		t.VCPUs[i] = VCPU{APICID: id, Core: int(id)}
+	}
+	t.CoreBits = bitsFor(int(top) + 1)
+	return t, nil
+}

@@ -129,3 +129,15 @@ func FuzzMirror(f *testing.F) {
 		}
 	})
 }
+
+func TestWithAPICIDs(t *testing.T) {
+	top, err := cputopo.WithAPICIDs([]uint32{0, 256})
+	require.NoError(t, err)
+	assert.Equal(t, []uint32{0, 256}, top.APICIDs())
+	assert.Equal(t, uint(9), top.PackageShift(), "IDs up to 256 need 9 core bits")
+	assert.Equal(t, uint32(256), top.MaxAPICID())
+	_, err = cputopo.WithAPICIDs([]uint32{1, 2})
+	assert.ErrorContains(t, err, "start with 0")
+	_, err = cputopo.WithAPICIDs([]uint32{0, 3, 3})
+	assert.ErrorContains(t, err, "twice")
+}

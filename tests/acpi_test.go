@@ -19,8 +19,8 @@ import (
 // from inside it that the kernel found every table (APIC, FACP, DSDT,
 // MCFG, SRAT, SLIT) without an ACPI error, warning or firmware bug, took
 // its CPUs from the MADT and its interrupt routing from ACPI, uses ECAM
-// (MMCONFIG) so a PCI function's config file is the full 4096 bytes, and
-// sees the host bridge's NUMA node on the virtio console's function. The
+// (MMCONFIG), and sees the host bridge's NUMA node on the virtio console's
+// function. The
 // guest reboots with reboot=a: the ACPI reset register, not the i8042,
 // ends the VM (hpcvmm's log says which), exit status 0.
 func TestACPIPlatform(t *testing.T) {
@@ -41,7 +41,9 @@ func TestACPIPlatform(t *testing.T) {
 		assert.Equal(t, "ioapic", g["acpi_irq_routing"], "ACPI interrupt routing through the IOAPIC")
 		assert.Equal(t, "2", g["cpus_online"])
 		assert.Equal(t, "yes", g["mmconfig"], "the guest uses ECAM from the MCFG")
-		assert.Equal(t, "4096", g["console_config_bytes"], "config space of a PCI function through ECAM")
+		// A conventional (non-PCIe) function has 256 bytes even over ECAM;
+		// the passed-through VF's 4096 bytes are TestPassthroughVF's.
+		assert.Equal(t, "256", g["console_config_bytes"], "config space of the virtio console, a conventional PCI function")
 		assert.Equal(t, "0", g["console_numa_node"], "the host bridge's _PXM")
 		assert.Equal(t, "0", g["numa_nodes"])
 		assert.Equal(t, "1", g["pwrb"], "power button device")
@@ -79,6 +81,36 @@ func TestACPIPowerButton(t *testing.T) {
 		assert.Contains(t, log, "guest powered off through the ACPI sleep control register (S5)")
 		assert.Less(t, took, 2*time.Minute, "the guest powered off within --shutdown-timeout")
 		env.Record(t, "shutdown_ms", strconv.FormatInt(took.Milliseconds(), 10))
+	})
+}
+
+// TestACPIx2APIC boots a guest whose second vCPU has APIC ID 256, which only
+// x2APIC can address: both vCPUs come online with their APIC IDs, and an
+// MSI the guest aims at that vCPU (the virtio console's output vector, with
+// KVM's extended destination ID in the address) is counted in its column
+// of /proc/interrupts, not CPU 0's. On the host side hpcvmm turned on KVM's
+// x2APIC API and kept IOAPIC interrupts on the low vCPU (irqaffinity).
+func TestACPIx2APIC(t *testing.T) {
+	harness.Run(t, harness.ProfileBasic, func(t *testing.T, env *harness.Env) {
+		vm := env.StartVM(t, "run",
+			"--kernel", env.L2Kernel(t), "--initrd", env.L2Initrd(t),
+			"--cmdline", "console=ttyS0 reboot=k panic=-1 hpcvmm.scenario=x2apic",
+			"--cpus", "2", "--apic-ids", "0,256", "--memory", "512M", "--hugepages", "none", "--console", "virtio",
+		)
+		require.Equal(t, 0, vm.Wait(), "hpcvmm exit status")
+		require.Contains(t, vm.Console(), "HPCVMM-GUEST-MARKER done", "the guest's /init did not finish")
+		g := vm.GuestResults()
+		assert.Equal(t, "2", g["cpus_online"], "both vCPUs online")
+		assert.Equal(t, "0,256,", g["apicids"], "APIC IDs the guest sees")
+		assert.Equal(t, "enabled", g["x2apic"])
+		n1, err := strconv.Atoi(g["msi_cpu1"])
+		require.NoError(t, err, "msi_cpu1=%q", g["msi_cpu1"])
+		assert.Positive(t, n1, "MSIs counted on the vCPU with APIC ID 256 (CPU 0 counted %s)", g["msi_cpu0"])
+		assert.Equal(t, "0", g["msi_cpu0"], "no MSI aimed at APIC ID 256 landed on APIC ID 0")
+		log := vm.Log()
+		assert.Contains(t, log, "x2APIC: KVM takes 32-bit APIC IDs")
+		assert.Contains(t, log, "irqaffinity=0")
+		env.Record(t, "msi_cpu1", g["msi_cpu1"])
 	})
 }
 

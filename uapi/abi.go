@@ -360,6 +360,13 @@ const (
 	X86DisableExitsPause  = 1 << 2
 	X86DisableExitsCState = 1 << 3
 
+	// X2APICAPIUse32BitIDs and X2APICAPIDisableBroadcastQuirk are the
+	// argument bits of CapX2APICAPI: MSI routes carry destination bits
+	// 31:8 in address_hi, and 0xff is an ordinary x2APIC ID, not a
+	// broadcast.
+	X2APICAPIUse32BitIDs           = 1 << 0
+	X2APICAPIDisableBroadcastQuirk = 1 << 1
+
 	// IOIn and IOOut are kvm_run.io.direction values.
 	IOIn  = 0
 	IOOut = 1

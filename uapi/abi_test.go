@@ -305,6 +305,8 @@ func abiItems() []abiItem {
 		val("KVM_DEV_VFIO_GROUP_DEL", VFIOGroupDel),
 		val("KVM_CPUID_FLAG_SIGNIFCANT_INDEX", CPUIDFlagSignificantIndex),
 		val("KVM_X86_DISABLE_EXITS_MWAIT", X86DisableExitsMWait),
+		val("KVM_X2APIC_API_USE_32BIT_IDS", X2APICAPIUse32BitIDs),
+		val("KVM_X2APIC_API_DISABLE_BROADCAST_QUIRK", X2APICAPIDisableBroadcastQuirk),
 		val("KVM_X86_DISABLE_EXITS_HLT", X86DisableExitsHLT),
 		val("KVM_X86_DISABLE_EXITS_PAUSE", X86DisableExitsPause),
 		val("KVM_X86_DISABLE_EXITS_CSTATE", X86DisableExitsCState),

@@ -24,6 +24,8 @@ const (
 	CapSignalMSI          Cap = 77  // KVM_SIGNAL_MSI
 	CapDeviceCtrl         Cap = 89  // KVM_CREATE_DEVICE
 	CapSplitIRQChip       Cap = 121 // LAPIC in kernel, PIC/IOAPIC in userspace
+	CapMaxVCPUID          Cap = 128 // largest vCPU id (APIC ID) + 1
+	CapX2APICAPI          Cap = 129 // 32-bit APIC IDs in MSI routes and x2APIC state
 	CapImmediateExit      Cap = 136 // kvm_run.immediate_exit
 	CapX86DisableExits    Cap = 143 // let the guest run HLT/PAUSE/MWAIT natively
 	CapBinaryStatsFD      Cap = 203 // KVM_GET_STATS_FD
@@ -46,6 +48,8 @@ var capNames = map[Cap]string{
 	CapSignalMSI:          "KVM_CAP_SIGNAL_MSI",
 	CapDeviceCtrl:         "KVM_CAP_DEVICE_CTRL",
 	CapSplitIRQChip:       "KVM_CAP_SPLIT_IRQCHIP",
+	CapMaxVCPUID:          "KVM_CAP_MAX_VCPU_ID",
+	CapX2APICAPI:          "KVM_CAP_X2APIC_API",
 	CapImmediateExit:      "KVM_CAP_IMMEDIATE_EXIT",
 	CapX86DisableExits:    "KVM_CAP_X86_DISABLE_EXITS",
 	CapBinaryStatsFD:      "KVM_CAP_BINARY_STATS_FD",

@@ -70,6 +70,9 @@ func (vm *VM) acpiTables(w addrspace.Windows) (*boot.ACPI, error) {
 // ACPI (the MP table numbers APIC IDs 0..n-1). A host whose topology cannot
 // be read gets a flat guest, with a warning.
 func (vm *VM) chooseTopology(h *host.Host) (cputopo.Topology, error) {
+	if len(vm.cfg.APICIDs) > 0 {
+		return cputopo.WithAPICIDs(vm.cfg.APICIDs)
+	}
 	if vm.cfg.NoACPI || vm.cfg.Topology == TopologyFlat {
 		return cputopo.Flat(vm.cfg.CPUs)
 	}

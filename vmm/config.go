@@ -89,6 +89,11 @@ type Config struct {
 	// cores, shared caches and packages; TopologyFlat gives n
 	// single-thread cores in one package.
 	Topology TopologyKind
+	// APICIDs, when set, gives vCPU i the APIC ID APICIDs[i] (one package
+	// of single-thread cores) instead of a Topology-derived one: sparse and
+	// large IDs (above 254: x2APIC) without hundreds of vCPUs, for tests.
+	// Needs ACPI; len must equal CPUs and the first must be 0.
+	APICIDs []uint32
 	// SysfsRoot and ProcfsRoot let tests point host discovery at a captured
 	// tree; empty means /sys and /proc.
 	SysfsRoot, ProcfsRoot string
@@ -144,6 +149,9 @@ func (c *Config) Validate() error {
 		if err := checkReadableFile(c.Initrd); err != nil {
 			errs = append(errs, fieldErr("Initrd", "%v", err))
 		}
+	}
+	if len(c.APICIDs) > 0 && (len(c.APICIDs) != c.CPUs || c.NoACPI) {
+		errs = append(errs, fieldErr("APICIDs", "%d APIC IDs for %d vCPUs (with ACPI): give one per vCPU", len(c.APICIDs), c.CPUs))
 	}
 	switch c.Topology {
 	case "", TopologyHost, TopologyFlat:

@@ -22,6 +22,9 @@ const (
 	leafAMDTopologyExt   = 0x8000001e
 
 	featECXHypervisor = 1 << 31
+	// kvmFeatureMSIExtDestID is KVM_FEATURE_MSI_EXT_DEST_ID in leaf
+	// 0x40000001 EAX.
+	kvmFeatureMSIExtDestID = 1 << 15
 	featEDXHTT        = 1 << 28
 	extECXCmpLegacy   = 1 << 1
 
@@ -42,7 +45,11 @@ var kvmSignature = [3]uint32{0x4b4d564b, 0x564b4d56, 0x0000004d}
 // cores, shared caches and packages as MADT/SRAT. The host's physical
 // address width (0x80000008 EAX) is passed through unchanged: the 64-bit PCI
 // window for large BARs is sized from it.
-func guestCPUID(supported []uapi.CPUIDEntry, top cputopo.Topology, index int) []uapi.CPUIDEntry {
+//
+// extDestID adds KVM_FEATURE_MSI_EXT_DEST_ID to the KVM feature leaf: the
+// guest may then address MSIs (and IOAPIC entries) to APIC IDs up to 32767
+// without interrupt remapping; the VMM translates (irqRouter).
+func guestCPUID(supported []uapi.CPUIDEntry, top cputopo.Topology, index int, extDestID bool) []uapi.CPUIDEntry {
 	v := top.VCPUs[index]
 	apicID := v.APICID
 	pkgShift := top.PackageShift()
@@ -75,6 +82,10 @@ func guestCPUID(supported []uapi.CPUIDEntry, top cputopo.Topology, index int) []
 			e.EAX = cacheSharing(e.EAX&^(0x3f<<26) | (1<<(pkgShift-top.ThreadBits)-1)<<26)
 		case leafTopology, leafTopologyV2:
 			continue // rebuilt below
+		case leafKVMFeatures:
+			if extDestID {
+				e.EAX |= kvmFeatureMSIExtDestID
+			}
 		case leafKVMSignature:
 			haveSignature = true
 			e.EBX, e.ECX, e.EDX = kvmSignature[0], kvmSignature[1], kvmSignature[2]

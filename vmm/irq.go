@@ -41,6 +41,11 @@ type irqRouter struct {
 	mu      sync.Mutex
 	nextGSI uint32
 	msi     map[uint32]uapi.IRQRoutingEntry // GSI -> MSI route
+	// extDestID is set when KVM takes 32-bit APIC IDs in MSI routes
+	// (CapX2APICAPI) and the guest was offered KVM's extended destination
+	// ID: SetMSIRoute then moves destination bits 14:8 from the guest's
+	// address bits 11:5 to address_hi, where KVM reads them.
+	extDestID bool
 }
 
 func newIRQRouter(vm routingVM) *irqRouter {
@@ -93,6 +98,9 @@ func (r *irqRouter) SetMSIRoute(gsi uint32, addrLo, addrHi, data uint32) error {
 	defer r.mu.Unlock()
 	if gsi < ioapicPins || gsi >= r.nextGSI {
 		return fmt.Errorf("irq routing: GSI %d is not an MSI GSI allocated by AllocGSI", gsi)
+	}
+	if r.extDestID {
+		addrLo, addrHi = extendedDestination(addrLo, addrHi)
 	}
 	e := uapi.IRQRoutingEntry{GSI: gsi, Type: uapi.IRQRoutingMSI}
 	e.MSI.AddressLo, e.MSI.AddressHi, e.MSI.Data = addrLo, addrHi, data
@@ -148,4 +156,18 @@ func ioevent(addr uint64, length uint32, fd int, datamatch uint64, useDatamatch,
 		e.Flags |= uapi.IOEventFDFlagDeassign
 	}
 	return e
+}
+
+// extendedDestination translates an MSI address written by a guest that uses
+// KVM's extended destination ID (KVM_FEATURE_MSI_EXT_DEST_ID: destination
+// bits 14:8 in address bits 11:5, which the x86 MSI format leaves
+// reserved) into the form KVM's x2APIC API routes take: destination bits
+// 31:8 in address_hi bits 31:8, address bits 11:5 clear. Without it an MSI
+// aimed at APIC ID 256 would reach APIC ID 0.
+func extendedDestination(addrLo, addrHi uint32) (lo, hi uint32) {
+	ext := (addrLo >> 5) & 0x7f
+	if ext == 0 {
+		return addrLo, addrHi
+	}
+	return addrLo &^ (0x7f << 5), addrHi&^0x7f00 | ext<<8
 }

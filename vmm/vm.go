@@ -72,6 +72,9 @@ type VM struct {
 	// CPUID that describes it.
 	topology cputopo.Topology
 	windows  addrspace.Windows // the guest's BAR windows (addPCI)
+	// x2apic is set when some vCPU's APIC ID is above 254: KVM's x2APIC
+	// API is on and the guest is offered the extended destination ID.
+	x2apic bool
 
 	kvm  *uapi.System
 	vm   *uapi.VM
@@ -180,6 +183,8 @@ func New(cfg Config) (_ *VM, err error) {
 	if vm.topology, err = vm.chooseTopology(h); err != nil {
 		return nil, fieldErr("CPUs", "%v", err)
 	}
+	cfg.Cmdline = vm.withIRQAffinity(cfg.Cmdline)
+	vm.cfg.Cmdline = cfg.Cmdline
 	// The checks `hpcvmm check` runs, with the same messages, before
 	// anything on the host changes.
 	if rep := preflight.Run(h, vm.preflightRequest()); !rep.OK() {
@@ -252,6 +257,9 @@ func New(cfg Config) (_ *VM, err error) {
 		return nil, err
 	}
 	if err := setupFault("create IRQ chip"); err != nil {
+		return nil, err
+	}
+	if err := vm.enableX2APIC(); err != nil {
 		return nil, err
 	}
 	if err := vm.vm.CreatePIT2(); err != nil {
@@ -380,7 +388,7 @@ func (vm *VM) newVCPU(index int, supported []uapi.CPUIDEntry) (_ *vcpu, err erro
 	if err := setupFault(fmt.Sprintf("create vCPU %d", index)); err != nil {
 		return nil, err
 	}
-	cpuid := guestCPUID(supported, vm.topology, index)
+	cpuid := guestCPUID(supported, vm.topology, index, vm.x2apic)
 	if err := c.SetCPUID2(cpuid); err != nil {
 		return nil, fmt.Errorf("vCPU %d: %w", index, err)
 	}

@@ -77,6 +77,7 @@ func newRunCommand() (*command, *runFlags) {
 	c.hidden(func(fs *pflag.FlagSet) {
 		fs.StringVar(&f.cfg.SysfsRoot, "sysfs", "", "sysfs root (tests)")
 		fs.StringVar(&f.cfg.ProcfsRoot, "procfs", "", "procfs root (tests)")
+		fs.Var(apicIDsValue{&f.cfg.APICIDs}, "apic-ids", "APIC ID of each vCPU, e.g. 0,256 (tests of x2APIC-only IDs)")
 	})
 	return c.done(), f
 }

@@ -232,3 +232,30 @@ func (v onOffValue) Set(s string) error {
 	}
 	return nil
 }
+
+// apicIDsValue is the hidden --apic-ids: a comma list of APIC IDs.
+type apicIDsValue struct{ p *[]uint32 }
+
+func (v apicIDsValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	parts := make([]string, len(*v.p))
+	for i, id := range *v.p {
+		parts[i] = strconv.FormatUint(uint64(id), 10)
+	}
+	return strings.Join(parts, ",")
+}
+func (v apicIDsValue) Type() string { return "LIST" }
+func (v apicIDsValue) Set(s string) error {
+	var ids []uint32
+	for _, f := range strings.Split(s, ",") {
+		id, err := strconv.ParseUint(strings.TrimSpace(f), 10, 32)
+		if err != nil {
+			return fmt.Errorf("%q: want APIC IDs such as 0,256", f)
+		}
+		ids = append(ids, uint32(id))
+	}
+	*v.p = ids
+	return nil
+}
