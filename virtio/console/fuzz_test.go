@@ -269,6 +269,9 @@ func (r *consoleRig) check(t *testing.T, input []byte) {
 	}
 	// Ring memory: only the used rings changed.
 	for a := range r.low {
+		if a == 0 && bytes.Equal(r.low, r.mem.Low) {
+			break // the common case, without an instrumented byte loop
+		}
 		if r.low[a] != r.mem.Low[a] {
 			u := uint64(a)
 			if (u < r.rx.Used || u >= r.rx.UsedEnd) && (u < r.tx.Used || u >= r.tx.UsedEnd) {
@@ -278,6 +281,9 @@ func (r *consoleRig) check(t *testing.T, input []byte) {
 	}
 	// Buffer memory: only writable buffers of returned receive chains.
 	for a := range r.high {
+		if a == 0 && bytes.Equal(r.high, r.mem.High) {
+			break
+		}
 		if r.high[a] != r.mem.High[a] && !queuetest.In(r.wr, r.mem.HighBase+uint64(a)) {
 			t.Fatalf("device wrote guest memory at %#x, in no writable buffer of a receive chain it returned", r.mem.HighBase+uint64(a))
 		}
