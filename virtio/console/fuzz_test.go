@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"io"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -186,8 +187,15 @@ func FuzzConsole(f *testing.F) {
 			t.Fatal(err)
 		}
 		if len(input) > 0 {
-			r.in.ch <- append([]byte(nil), input...)
-			if k, err := unix.Poll(r.pollFD, 5000); k != 1 || err != nil {
+			// Generous timeouts: the CI machine is shared and loaded; a
+			// timeout here means the console kept earlier input or lost the
+			// signal, not that it was slow.
+			select {
+			case r.in.ch <- append([]byte(nil), input...):
+			case <-time.After(30 * time.Second):
+				t.Fatal("the console's reader did not take host input within 30 s: it still holds earlier input")
+			}
+			if k, err := unix.Poll(r.pollFD, 30000); k != 1 || err != nil {
 				t.Fatalf("host input never signalled the console's eventfd (%d, %v)", k, err)
 			}
 		}
