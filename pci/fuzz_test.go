@@ -10,11 +10,105 @@ import (
 	"github.com/hpcvmm/hpcvmm/pci"
 )
 
+// fuzzState is what a rig looks like right after newRig: the device's and
+// the host bridge's configuration space, and which bits of each byte a guest
+// may change (everything else is read-only and must keep its value).
+type fuzzState struct {
+	dev, hostBridge         [pci.ConfigSize]byte
+	devMutable, hostMutable [pci.ConfigSize]byte
+}
+
+// readAll reads a function's configuration space: the device's straight
+// from its model (one call: fast), the host bridge's through ECAM (its
+// extended space is all read-only zeros, like the device's is but for its
+// capabilities, and the same code serves it, so the first 256 bytes do).
+func readAll(r *rig, slot int, out *[pci.ConfigSize]byte) {
+	if slot == 3 {
+		r.dev.ConfigRead(0, out[:])
+		return
+	}
+	clear(out[pci.LegacyConfigSize:])
+	for off := 0; off < pci.LegacyConfigSize; off += 4 {
+		r.mmio.Read(addrspace.ECAMBase+uint64(slot)<<15+uint64(off), out[off:off+4])
+	}
+}
+
+// newFuzzState snapshots r and declares, from the PCI spec and newTestDev's
+// layout (not from the implementation's masks), the guest-writable bits.
+func newFuzzState(r *rig) *fuzzState {
+	s := &fuzzState{}
+	readAll(r, 3, &s.dev)
+	readAll(r, 0, &s.hostBridge)
+	le := binary.LittleEndian
+	for _, m := range []*[pci.ConfigSize]byte{&s.devMutable, &s.hostMutable} {
+		le.PutUint16(m[pci.RegCommand:], 0x0547) // I/O, memory, bus master, parity, SERR, INTx disable
+		m[pci.RegCacheLine], m[pci.RegLatency], m[pci.RegInterruptLine] = 0xff, 0xff, 0xff
+	}
+	m := &s.devMutable
+	le.PutUint32(m[pci.RegBAR0:], ^uint32(4096-1))    // BAR0 mem32 4 KiB
+	le.PutUint32(m[pci.RegBAR0+4:], ^uint32(32-1))    // BAR1 I/O 32 B
+	le.PutUint64(m[pci.RegBAR0+8:], ^uint64(1<<20-1)) // BAR2/3 mem64 1 MiB
+	le.PutUint64(m[pci.RegBAR0+16:], ^uint64(8192-1)) // BAR4/5 mem64 8 KiB
+	m[r.dev.msix.Offset()+3] = 0xc0                   // MSI-X enable, function mask
+	return s
+}
+
+// reset returns a rig that went through fuzzing to its newRig state, the
+// way a guest and the device could, without rebuilding it: configuration
+// restored, MSI-X pending bits delivered and every entry masked and
+// cleared, decode off (which unregisters every BAR), fakes cleared.
+func (s *fuzzState) reset(r *rig) {
+	le := binary.LittleEndian
+	for off := 0; off < pci.ConfigSize; off += 4 {
+		r.dev.SetUint32(off, le.Uint32(s.dev[off:]))
+	}
+	ctrl := r.dev.msix.Offset() + 2
+	var q [8]byte
+	r.dev.ConfigWrite(uint32(ctrl), []byte{0, 0x80}) // enabled, not function-masked
+	for v := 0; v < r.dev.msix.Vectors(); v++ {
+		r.dev.msix.Write(uint64(16*v+8), q[:]) // unmask: delivers a pending bit
+		r.dev.msix.Write(uint64(16*v), q[:])
+		le.PutUint64(q[:], 1<<32) // data 0, masked
+		r.dev.msix.Write(uint64(16*v+8), q[:])
+		le.PutUint64(q[:], 0)
+	}
+	r.dev.ConfigWrite(uint32(ctrl), []byte{0, 0})
+	r.cfg.Write(3, 0, pci.RegCommand, 2, 0) // through the Root: BARs unregistered
+	r.cfg.Write(0, 0, pci.RegCommand, 2, 0)
+	r.cfg.Write(0, 0, pci.RegCacheLine, 2, 0)
+	r.cfg.Write(0, 0, pci.RegInterruptLine, 1, 0)
+	r.pio.Write(pci.ConfigIOPort, q[:4])
+	*r.dev.sink = msixSink{}
+	*r.dev.mem32, *r.dev.io, *r.dev.mem64 = recorder{}, recorder{}, recorder{}
+	r.errs = r.errs[:0]
+}
+
+// checkImage fails t when a byte of got differs from want outside mutable.
+func checkImage(t testing.TB, what string, got, want, mutable *[pci.ConfigSize]byte) {
+	for i := range got {
+		if (got[i]^want[i])&^mutable[i] != 0 {
+			t.Fatalf("%s: read-only bits of config byte %#x changed: %#02x, was %#02x (guest may change %#02x)", what, i, got[i], want[i], mutable[i])
+		}
+	}
+}
+
 // FuzzConfigWrite drives a root complex with an endpoint that has every BAR
-// kind and MSI-X through arbitrary configuration writes (conf1 at any port
-// offset and width, ECAM at any offset), MSI-X table/PBA accesses and
-// vector triggers. Nothing may panic, and the read-only parts of the BAR
-// registers must keep their meaning.
+// kind and MSI-X through arbitrary configuration accesses (conf1 at any port
+// offset and width, ECAM at any offset, any device number), MSI-X table/PBA
+// accesses, vector triggers and accesses wherever the guest put the BARs.
+// One rig per fuzzing process, reset to its initial state per input.
+//
+// It asserts: nothing panics; after every access the BAR registers keep
+// their type bits and alignment to their size, the ID registers are
+// unchanged, every BAR the Root decodes is registered at the address its
+// register holds, aligned to its size, with its space's decode enabled, and
+// the device was told exactly that (BARMapped); CONFIG_ADDRESS reads back
+// with its reserved bits clear; after the input, no read-only bit of the
+// device's or the host bridge's 4 KiB configuration space (IDs, class,
+// header type, capability lists and bodies, extended capabilities, BAR low
+// bits, status) differs from its initial value, and the MSI-X table and PBA
+// read back only valid values (address bits 1:0 and vector-control bits
+// 31:1 zero, no pending bit beyond the 5 vectors).
 func FuzzConfigWrite(f *testing.F) {
 	op := func(kind byte, reg uint16, width byte, v uint32) []byte {
 		b := make([]byte, 8)
@@ -31,12 +125,25 @@ func FuzzConfigWrite(f *testing.F) {
 	seed = append(seed, op(1, 0x100, 4, 0xffffffff)...)
 	f.Add(seed)
 	f.Add(op(5, 0, 4, 0x80001810))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		r := newRig(t)
+	// Program BAR0 and BAR2/3, turn on decode, then touch the BARs.
+	f.Add(append(append(append(op(0, pci.RegBAR0, 4, 0xc0000000), op(0, pci.RegBAR0+8, 4, 0)...),
+		op(0, pci.RegBAR0+12, 4, 0x10)...), append(op(0, pci.RegCommand, 2, 3), op(6, 8, 4, 1)...)...))
+
+	r := newRig(f)
+	st := newFuzzState(r)
+	f.Fuzz(func(t *testing.T, data []byte) { fuzzConfigWrite(t, r, st, data) })
+}
+
+var barSizes = [pci.NumBARs]uint64{4096, 32, 1 << 20, 0, 8192, 0}
+
+func fuzzConfigWrite(t testing.TB, r *rig, st *fuzzState, data []byte) {
+	{
+		sizes := barSizes
+		st.reset(r)
+		var buf [8]byte
 		for len(data) >= 8 {
 			kind, reg, width, v := data[0], binary.LittleEndian.Uint16(data[1:]), int(data[3]%9), binary.LittleEndian.Uint32(data[4:])
 			data = data[8:]
-			var buf [8]byte
 			binary.LittleEndian.PutUint32(buf[:], v)
 			binary.LittleEndian.PutUint32(buf[4:], ^v)
 			switch kind % 7 {
@@ -63,13 +170,113 @@ func FuzzConfigWrite(f *testing.F) {
 					if a, ok := r.root.BARAddress(3, bar); ok {
 						r.mmio.Write(a+uint64(reg), buf[:width])
 						r.mmio.Read(a+uint64(reg), buf[:width])
+						r.pio.Write(a+uint64(reg), buf[:width])
 					}
 				}
 			}
-			require.Zero(t, r.cfg.Read(3, 0, pci.RegBAR0, 4)&0xf, "BAR0 type bits")
-			require.Equal(t, uint32(1), r.cfg.Read(3, 0, pci.RegBAR0+4, 4)&3, "BAR1 is I/O")
-			require.Equal(t, uint32(0xc), r.cfg.Read(3, 0, pci.RegBAR0+8, 4)&0xf, "BAR2 64-bit prefetchable")
-			require.Equal(t, uint32(0x56781234), r.cfg.Read(3, 0, 0, 4))
+			var a [4]byte
+			r.pio.Read(pci.ConfigIOPort, a[:])
+			if ca := binary.LittleEndian.Uint32(a[:]); ca&0x70000003 != 0 {
+				t.Fatalf("CONFIG_ADDRESS %#x: reserved bits set", ca)
+			}
+			if id := r.cfg.Read(3, 0, 0, 4); id != 0x56781234 {
+				t.Fatalf("vendor/device ID %#x", id)
+			}
+			cmd := r.cfg.Read(3, 0, pci.RegCommand, 2)
+			var regs [pci.NumBARs]uint32
+			for i := range regs {
+				regs[i] = r.cfg.Read(3, 0, pci.RegBAR0+4*i, 4)
+			}
+			if regs[0]&0xfff != 0 || regs[1]&0x1f != 1 || regs[2]&0xfffff != 0xc || regs[4]&0x1fff != 4 {
+				t.Fatalf("BAR registers %#x: type bits or alignment to size lost (want mem32 4 KiB, I/O 32 B, mem64 pf 1 MiB, mem64 8 KiB)", regs)
+			}
+			for bar, size := range sizes {
+				base, on := r.root.BARAddress(3, bar)
+				_, told := r.dev.mapped[bar]
+				if size == 0 && on {
+					t.Fatalf("BAR%d, the upper half of a 64-bit BAR, decodes", bar)
+				}
+				if !on {
+					if told {
+						t.Fatalf("BAR%d not decoded but the device was told it is", bar)
+					}
+					continue
+				}
+				prog := uint64(regs[bar] &^ 0xf)
+				decode := cmd&pci.CommandMemory != 0
+				switch bar {
+				case 1:
+					prog, decode = uint64(regs[bar]&^3), cmd&pci.CommandIO != 0
+				case 2, 4:
+					prog |= uint64(regs[bar+1]) << 32
+				}
+				switch {
+				case !decode:
+					t.Fatalf("BAR%d decoded at %#x with decode off (command %#x)", bar, base, cmd)
+				case prog != base:
+					t.Fatalf("BAR%d decoded at %#x, its register says %#x", bar, base, prog)
+				case base%size != 0:
+					t.Fatalf("BAR%d at %#x not aligned to its size %#x", bar, base, size)
+				case r.dev.mapped[bar] != base:
+					t.Fatalf("BAR%d decoded at %#x, the device was told %#x", bar, base, r.dev.mapped[bar])
+				}
+			}
 		}
-	})
+		var img [pci.ConfigSize]byte
+		readAll(r, 3, &img)
+		checkImage(t, "device", &img, &st.dev, &st.devMutable)
+		readAll(r, 0, &img)
+		checkImage(t, "host bridge", &img, &st.hostBridge, &st.hostMutable)
+		for v := 0; v < r.dev.msix.Vectors(); v++ {
+			r.dev.msix.Read(uint64(16*v), buf[:])
+			if buf[0]&3 != 0 {
+				t.Fatalf("MSI-X entry %d address %#x: bits 1:0 set", v, buf[:4])
+			}
+			r.dev.msix.Read(uint64(16*v+12), buf[:4])
+			if c := binary.LittleEndian.Uint32(buf[:]); c&^1 != 0 {
+				t.Fatalf("MSI-X entry %d vector control %#x: reserved bits set", v, c)
+			}
+		}
+		r.dev.msix.Read(0x1000, buf[:])
+		if p := binary.LittleEndian.Uint64(buf[:]); p>>r.dev.msix.Vectors() != 0 {
+			t.Fatalf("PBA %#x has bits beyond the %d vectors", p, r.dev.msix.Vectors())
+		}
+	}
+}
+
+// TestFuzzRigReset checks that FuzzConfigWrite's reset really returns a rig
+// to its initial state: after arbitrary use, the configuration images, the
+// MSI-X table and PBA and the bus registrations equal a fresh rig's.
+func TestFuzzRigReset(t *testing.T) {
+	r := newRig(t)
+	st := newFuzzState(r)
+	r.cfg.Write(3, 0, pci.RegBAR0, 4, 0xc0000000)
+	r.cfg.Write(3, 0, pci.RegCommand, 2, 7)
+	r.cfg.Write(3, 0, r.dev.msix.Offset()+2, 2, 0xc000)
+	r.dev.msix.Write(16, []byte{0, 0, 0xe0, 0xfe})
+	r.dev.msix.Trigger(1)
+	r.cfg.Write(0, 0, pci.RegCacheLine, 2, 0x4010)
+	_, on := r.root.BARAddress(3, 0)
+	require.True(t, on)
+	st.reset(r)
+
+	fresh := newRig(t)
+	var got, want [pci.ConfigSize]byte
+	for _, slot := range []int{0, 3} {
+		readAll(r, slot, &got)
+		readAll(fresh, slot, &want)
+		require.Equal(t, want, got, "slot %d configuration", slot)
+	}
+	for off := uint64(0); off < 0x1008; off += 8 {
+		var a, b [8]byte
+		r.dev.msix.Read(off, a[:])
+		fresh.dev.msix.Read(off, b[:])
+		require.Equal(t, b, a, "MSI-X BAR offset %#x", off)
+	}
+	for bar := 0; bar < pci.NumBARs; bar++ {
+		_, on := r.root.BARAddress(3, bar)
+		require.False(t, on, "BAR%d still decoded", bar)
+	}
+	require.Empty(t, r.dev.mapped)
+	require.Equal(t, msixSink{}, *r.dev.sink)
 }

@@ -159,31 +159,68 @@ func TestI8042UnknownReads(t *testing.T) {
 	assert.Zero(t, r.resets, "writes outside the register are ignored")
 }
 
+// FuzzI8042 drives both ports with arbitrary accesses (any offset, width,
+// value, read or write). It asserts that the CPU reset line pulses exactly
+// when the guest asks for it, as Linux's reboot=k does (command 0xd1 then an
+// output-port byte with bit 0 clear, or a pulse command 0xf0-0xfe with bit 0
+// clear), never otherwise; and that reading the data port empties the
+// output buffer (OBF clear afterwards).
 func FuzzI8042(f *testing.F) {
 	f.Add([]byte{0x64, 0x20, 0x60, 0x00, 0x64, 0x60, 0x60, 0x47, 0x64, 0xd1, 0x60, 0x00})
 	f.Add([]byte{0x64, 0xd3, 0x60, 0x5a, 0xe4, 0x00, 0xe0, 0x00})
+	f.Add([]byte{0x24, 0xfe, 0x20, 0xd1, 0x20, 0x02})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		resets := 0
-		k := NewI8042(func() { resets++ })
+		k := NewI8042(func() { resets++ }) // a few bytes: cheaper than any reset
+		want, pending := 0, byte(0)
 		devs := []bus.Device{k.DataPort(), k.CommandPort()}
+		var data [8]byte
 		for i := 0; i+1 < len(ops); i += 2 {
-			dev := devs[ops[i]>>2&1]
+			isCmd := ops[i]>>2&1 == 1
 			off := uint64(ops[i] & 0x03)
 			if ops[i]&0x10 != 0 {
 				off = ^uint64(0) - off
 			}
-			data := make([]byte, int(ops[i]>>5))
-			for j := range data {
+			w := int(ops[i] >> 5)
+			for j := range data[:w] {
 				data[j] = ops[i+1]
 			}
-			if ops[i]&0x80 != 0 {
-				dev.Read(off, data)
+			read := ops[i]&0x80 != 0
+			dev := devs[ops[i]>>2&1]
+			if read {
+				dev.Read(off, data[:w])
 			} else {
-				dev.Write(off, data)
+				dev.Write(off, data[:w])
 			}
-		}
-		if resets > len(ops) {
-			t.Fatalf("%d resets from %d ops", resets, len(ops))
+			if off != 0 || w == 0 {
+				continue
+			}
+			switch {
+			case read && !isCmd:
+				var st [1]byte
+				devs[1].Read(0, st[:])
+				if st[0]&i8042StrOBF != 0 {
+					t.Fatalf("status %#x: output buffer still full after the data port was read", st[0])
+				}
+			case !read && isCmd:
+				v := data[0]
+				pending = 0
+				switch v {
+				case i8042CmdWriteCTR, i8042CmdWriteOut, i8042CmdWriteKbd, i8042CmdWriteAux, i8042CmdToAux:
+					pending = v
+				}
+				if v >= i8042CmdPulseBase && v&i8042OutReset == 0 {
+					want++
+				}
+			case !read && !isCmd:
+				if pending == i8042CmdWriteOut && data[0]&i8042OutReset == 0 {
+					want++
+				}
+				pending = 0
+			}
+			if resets != want {
+				t.Fatalf("after op %d: %d resets, the guest asked for %d", i/2, resets, want)
+			}
 		}
 	})
 }

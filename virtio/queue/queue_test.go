@@ -315,57 +315,6 @@ func TestWrapAroundIndices(t *testing.T) {
 	assert.Equal(t, uint16(4), d.UsedIdx())
 }
 
-// FuzzDescriptorChain feeds arbitrary descriptor tables, indirect tables and
-// avail rings to Pop: it must never panic, and every segment it returns must
-// lie in guest RAM.
-func FuzzDescriptorChain(f *testing.F) {
-	seed := make([]byte, 16*8+2*8+4)
-	binary.LittleEndian.PutUint64(seed[0:], 0x8000)
-	binary.LittleEndian.PutUint32(seed[8:], 16)
-	binary.LittleEndian.PutUint16(seed[12:], queue.DescFlagNext)
-	binary.LittleEndian.PutUint16(seed[14:], 1)
-	binary.LittleEndian.PutUint64(seed[16:], 0x9000)
-	binary.LittleEndian.PutUint32(seed[24:], 32)
-	binary.LittleEndian.PutUint16(seed[28:], queue.DescFlagIndirect)
-	f.Add(seed, uint16(1), uint8(3))
-	f.Add(make([]byte, 200), uint16(8), uint8(0))
-	f.Fuzz(func(t *testing.T, data []byte, availIdx uint16, features uint8) {
-		const ram = 1 << 16
-		mem := make(queuetest.Memory, ram)
-		d := queuetest.NewDriver(mem, 8, 0x1000)
-		// The fuzzer controls the descriptor table, the avail ring and an
-		// indirect-table area at 0x9000.
-		n := copy(mem[d.DescAddr:d.DescAddr+16*8], data)
-		n += copy(mem[d.Avail+4:d.Avail+4+2*8], data[n:])
-		copy(mem[0x9000:0xa000], data[n:])
-		d.SetAvailIdx(availIdx)
-		var feat uint64
-		if features&1 != 0 {
-			feat |= queue.FeatureIndirectDesc
-		}
-		if features&2 != 0 {
-			feat |= queue.FeatureEventIdx
-		}
-		q, err := queue.New(mem, d.Config(), feat)
-		require.NoError(t, err)
-		c := queue.NewChain(queue.MaxSize)
-		for i := 0; i < 10; i++ {
-			ok, err := q.Pop(c)
-			if err != nil || !ok {
-				return
-			}
-			require.LessOrEqual(t, len(c.Segments), queue.MaxSize)
-			for _, s := range c.Segments {
-				require.LessOrEqual(t, s.Addr+uint64(len(s.Buf)), uint64(ram))
-				require.GreaterOrEqual(t, s.Addr+uint64(len(s.Buf)), s.Addr)
-			}
-			require.NoError(t, q.Push(c.Head, uint32(c.WritableLen)))
-			q.NeedInterrupt()
-			q.EnableNotify()
-		}
-	})
-}
-
 // BenchmarkQueuePopPush measures one request through the ring: the driver
 // publishes a two-descriptor chain, the device pops, pushes and decides on
 // the interrupt. It must not allocate.

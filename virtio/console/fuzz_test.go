@@ -1,0 +1,334 @@
+package console_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"io"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hpcvmm/hpcvmm/virtio"
+	"github.com/hpcvmm/hpcvmm/virtio/console"
+	"github.com/hpcvmm/hpcvmm/virtio/queue"
+	"github.com/hpcvmm/hpcvmm/virtio/queue/queuetest"
+)
+
+// chanReader is the host's stdin: each chunk the harness sends is returned
+// by Read (in as many reads as the console's buffer needs).
+type chanReader struct {
+	ch   chan []byte
+	rest []byte
+}
+
+func (r *chanReader) Read(p []byte) (int, error) {
+	if len(r.rest) == 0 {
+		b, ok := <-r.ch
+		if !ok {
+			return 0, io.EOF
+		}
+		r.rest = b
+	}
+	n := copy(p, r.rest)
+	r.rest = r.rest[n:]
+	return n, nil
+}
+
+// irqCheck is the transport side: it records queue interrupts and flags any
+// for a queue the console does not have.
+type irqCheck struct{ bad int }
+
+func (c *irqCheck) SignalQueue(q int) {
+	if q != 0 && q != 1 {
+		c.bad = q
+	}
+}
+func (c *irqCheck) ConfigChanged() {}
+
+const (
+	fuzzQueue    = 16
+	fuzzMaxInput = 4096 // one chunk of host input per fuzz input
+)
+
+// consoleRig is FuzzConsole's device and guest memory, one per process.
+type consoleRig struct {
+	con       *console.Console
+	in        *chanReader
+	out       bytes.Buffer
+	irq       irqCheck
+	mem       *queuetest.SplitMemory
+	h         queuetest.Hostile
+	rx, tx    queuetest.Ring
+	low, high []byte // snapshots before the device runs
+	pattern   []byte // what High holds before the device runs
+	priv      queuetest.Memory
+	pollFD    []unix.PollFd
+	wr        []queuetest.Range
+}
+
+func newConsoleRig(tb testing.TB) *consoleRig {
+	r := &consoleRig{in: &chanReader{ch: make(chan []byte)}}
+	con, err := console.New(r.in, &r.out, console.Options{Rows: 24, Cols: 80, QueueSize: fuzzQueue})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	r.con = con
+	r.mem = queuetest.NewSplitMemory(0x1000, 0x4000)
+	r.rx, r.tx = queuetest.NewRing(0, fuzzQueue), queuetest.NewRing(0x400, fuzzQueue)
+	r.h = queuetest.Hostile{Mem: r.mem, Indirect: 0x800}
+	r.low, r.high = make([]byte, len(r.mem.Low)), make([]byte, len(r.mem.High))
+	r.pattern = make([]byte, len(r.mem.High))
+	for i := range r.pattern {
+		r.pattern[i] = byte(i*7 + i>>8)
+	}
+	r.priv = make(queuetest.Memory, 1<<16)
+	r.pollFD = []unix.PollFd{{Fd: int32(con.EventFD()), Events: unix.POLLIN}}
+	return r
+}
+
+// flush hands whatever host input the console still holds to a private
+// receive queue with room for all of it, so the next input starts with
+// none (what a guest driver reading all input would leave).
+func (r *consoleRig) flush(tb testing.TB) {
+	r.con.Reset()
+	d := queuetest.NewDriver(r.priv, 8, 0)
+	for k := uint16(0); k < 4; k++ {
+		d.Chain(d.DescAddr, k, []queuetest.Buf{{Addr: 0x1000 * uint64(k+1), Len: fuzzMaxInput, Write: true}})
+		d.Publish(k)
+	}
+	q, err := queue.New(r.priv, d.Config(), 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := r.con.Activate(virtio.FeatureVersion1, []*queue.Queue{q, nil}, &r.irq); err != nil {
+		tb.Fatal(err)
+	}
+	if err := r.con.HandleEvent(); err != nil {
+		tb.Fatal(err)
+	}
+	if err := r.con.QueueNotify(0); err != nil {
+		tb.Fatal(err)
+	}
+	r.con.Reset()
+}
+
+// FuzzConsole is a hostile guest driving virtio-console's device side: the
+// fuzzer writes both queues' descriptor tables, available rings (any index,
+// so "too many entries" too) and an indirect-table area, picks the ring
+// features and the host input, and orders the device's calls (receive and
+// transmit notifications, host-input events, configuration reads). Buffers
+// lie above a hole in guest RAM, so the rings cannot alias them. One console
+// per process; each input's host bytes are flushed after it.
+//
+// It asserts: nothing panics; the device writes guest memory only in the two
+// used rings and in the device-writable buffers of receive chains it
+// returned; transmit chains come back with length 0 and the host output is
+// exactly their readable bytes in order; receive chains come back with at
+// most their writable length and, read in order, they hold exactly a prefix
+// of the host input; used entries name descriptors of the queue; queue
+// interrupts name the console's two queues; configuration reads return
+// cols, rows, max_nr_ports = 1 and zeros elsewhere.
+func FuzzConsole(f *testing.F) {
+	// rx: one 64-byte writable buffer; tx: a 2-descriptor chain.
+	rings := make([]byte, 0, 1024)
+	desc := func(addr uint64, n uint32, flags, next uint16) []byte {
+		b := make([]byte, 16)
+		binary.LittleEndian.PutUint64(b, addr)
+		binary.LittleEndian.PutUint32(b[8:], n)
+		binary.LittleEndian.PutUint16(b[12:], flags)
+		binary.LittleEndian.PutUint16(b[14:], next)
+		return b
+	}
+	avail := func(idx uint16, heads ...uint16) []byte {
+		b := make([]byte, 6+2*fuzzQueue)
+		binary.LittleEndian.PutUint16(b[2:], idx)
+		for i, h := range heads {
+			binary.LittleEndian.PutUint16(b[4+2*i:], h)
+		}
+		return b
+	}
+	rings = append(rings, desc(0x100, 64, queue.DescFlagWrite, 0)...)
+	rings = append(rings, make([]byte, 16*(fuzzQueue-1))...)
+	rings = append(rings, avail(1, 0)...)
+	rings = append(rings, desc(0x200, 5, queue.DescFlagNext, 1)...)
+	rings = append(rings, desc(0x300, 7, 0, 0)...)
+	rings = append(rings, make([]byte, 16*(fuzzQueue-2))...)
+	rings = append(rings, avail(1, 0)...)
+	f.Add(rings, []byte("hello guest"), []byte{0, 1, 2, 3}, uint8(3))
+	f.Add(rings, []byte{}, []byte{1, 0, 0}, uint8(0))
+
+	r := newConsoleRig(f)
+	f.Fuzz(func(t *testing.T, rings, input, ops []byte, features uint8) {
+		input = input[:min(len(input), fuzzMaxInput)]
+		var feat uint64 = virtio.FeatureVersion1 | console.FeatureSize
+		if features&1 != 0 {
+			feat |= queue.FeatureEventIdx
+		}
+		if features&2 != 0 {
+			feat |= queue.FeatureIndirectDesc
+		}
+		n := r.h.FillRing(r.rx, rings)
+		n += r.h.FillRing(r.tx, rings[min(n, len(rings)):])
+		r.h.FillIndirect(rings[min(n, len(rings)):])
+		copy(r.mem.High, r.pattern)
+		rxq, err := queue.New(r.mem, r.rx.Config(), feat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		txq, err := queue.New(r.mem, r.tx.Config(), feat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.out.Reset()
+		r.irq = irqCheck{}
+		defer r.flush(t)
+		if err := r.con.Activate(feat, []*queue.Queue{rxq, txq}, &r.irq); err != nil {
+			t.Fatal(err)
+		}
+		if len(input) > 0 {
+			// Generous timeouts: the CI machine is shared and loaded; a
+			// timeout here means the console kept earlier input or lost the
+			// signal, not that it was slow.
+			select {
+			case r.in.ch <- append([]byte(nil), input...):
+			case <-time.After(30 * time.Second):
+				t.Fatal("the console's reader did not take host input within 30 s: it still holds earlier input")
+			}
+			if k, err := unix.Poll(r.pollFD, 30000); k != 1 || err != nil {
+				t.Fatalf("host input never signalled the console's eventfd (%d, %v)", k, err)
+			}
+		}
+		copy(r.low, r.mem.Low)
+		copy(r.high, r.mem.High)
+
+		img := [12]byte{80, 0, 24, 0, 1}
+		var cb [16]byte
+		for i, op := range ops[:min(len(ops), 32)] {
+			var err error
+			switch op % 4 {
+			case 0:
+				err = r.con.QueueNotify(0)
+			case 1:
+				err = r.con.QueueNotify(1)
+			case 2:
+				err = r.con.HandleEvent()
+			case 3:
+				off, w := int(op>>2%16)-2, int(op>>6)*4+i%4
+				for k := range cb {
+					cb[k] = 0xa5
+				}
+				r.con.ReadConfig(off, cb[:w])
+				for k := 0; k < w; k++ {
+					want := byte(0)
+					if off >= 0 && off+k < len(img) {
+						want = img[off+k]
+					}
+					if cb[k] != want {
+						t.Fatalf("ReadConfig(%d, %d bytes) = %x", off, w, cb[:w])
+					}
+				}
+			}
+			if err != nil {
+				break // the transport would now set DEVICE_NEEDS_RESET and stop calling the device
+			}
+		}
+		if r.irq.bad != 0 {
+			t.Fatalf("interrupt for queue %d", r.irq.bad)
+		}
+		r.check(t, input)
+	})
+}
+
+func (r *consoleRig) check(t *testing.T, input []byte) {
+	// Used rings: entries name descriptors; collect the chains' buffers.
+	r.wr = r.wr[:0]
+	var rxChains, txChains [][]queuetest.Range
+	var rxLens []uint32
+	for i := uint16(0); i != r.h.UsedIdx(r.rx); i++ {
+		if i > 4*fuzzQueue {
+			t.Fatalf("receive used index %d: more chains used than the driver made available", r.h.UsedIdx(r.rx))
+		}
+		id, l := r.h.Used(r.rx, i)
+		if id >= fuzzQueue {
+			t.Fatalf("receive used entry %d names descriptor %d of %d", i, id, fuzzQueue)
+		}
+		_, wr := r.h.Segments(r.rx, uint16(id), nil, nil)
+		total := uint64(0)
+		for _, s := range wr {
+			total += s.Len
+		}
+		if uint64(l) > total {
+			t.Fatalf("receive chain %d returned with %d bytes written, it has %d writable", id, l, total)
+		}
+		r.wr = append(r.wr, wr...)
+		rxChains, rxLens = append(rxChains, wr), append(rxLens, l)
+	}
+	for i := uint16(0); i != r.h.UsedIdx(r.tx); i++ {
+		if i > 4*fuzzQueue {
+			t.Fatalf("transmit used index %d: more chains used than the driver made available", r.h.UsedIdx(r.tx))
+		}
+		id, l := r.h.Used(r.tx, i)
+		if id >= fuzzQueue || l != 0 {
+			t.Fatalf("transmit used entry %d: descriptor %d, length %d", i, id, l)
+		}
+		rd, _ := r.h.Segments(r.tx, uint16(id), nil, nil)
+		txChains = append(txChains, rd)
+	}
+	// Ring memory: only the used rings changed.
+	for a := range r.low {
+		if a == 0 && bytes.Equal(r.low, r.mem.Low) {
+			break // the common case, without an instrumented byte loop
+		}
+		if r.low[a] != r.mem.Low[a] {
+			u := uint64(a)
+			if (u < r.rx.Used || u >= r.rx.UsedEnd) && (u < r.tx.Used || u >= r.tx.UsedEnd) {
+				t.Fatalf("device wrote ring memory at %#x outside the used rings", a)
+			}
+		}
+	}
+	// Buffer memory: only writable buffers of returned receive chains.
+	for a := range r.high {
+		if a == 0 && bytes.Equal(r.high, r.mem.High) {
+			break
+		}
+		if r.high[a] != r.mem.High[a] && !queuetest.In(r.wr, r.mem.HighBase+uint64(a)) {
+			t.Fatalf("device wrote guest memory at %#x, in no writable buffer of a receive chain it returned", r.mem.HighBase+uint64(a))
+		}
+	}
+	// Host output: the transmit chains' readable bytes, in order, unless a
+	// receive chain's buffer overlapped them (then the bytes changed under
+	// the device, as they may).
+	var want []byte
+	check := true
+	for _, rd := range txChains {
+		for _, s := range rd {
+			if _, err := r.mem.Slice(s.Addr, s.Len); err != nil || s.Addr < r.mem.HighBase {
+				t.Fatalf("transmitted chain has buffer %#x+%#x outside the buffer memory", s.Addr, s.Len)
+			}
+			check = check && !queuetest.Overlap(append(r.wr[:len(r.wr):len(r.wr)], s))
+			rel := s.Addr - r.mem.HighBase
+			want = append(want, r.high[rel:rel+s.Len]...)
+		}
+	}
+	if check && !bytes.Equal(r.out.Bytes(), want) {
+		t.Fatalf("host output %q, the transmitted chains hold %q", r.out.Bytes(), want)
+	}
+	// Guest input: the receive chains, in order, hold a prefix of the host
+	// input (unless their buffers overlap, so later data overwrote earlier).
+	if queuetest.Overlap(r.wr) {
+		return
+	}
+	var got []byte
+	for i, wr := range rxChains {
+		left := uint64(rxLens[i])
+		for _, s := range wr {
+			b, _ := r.mem.Slice(s.Addr, min(s.Len, left))
+			got = append(got, b...)
+			left -= uint64(len(b))
+		}
+	}
+	if len(got) > len(input) || !bytes.Equal(got, input[:len(got)]) {
+		t.Fatalf("receive buffers hold %q, host input was %q", got, input)
+	}
+}
