@@ -226,3 +226,13 @@ func (tr *Tree) CPU(n, pkg, core int, llcShared string) {
 	tr.Write(dir+"/cache/index3/level", "3\n")
 	tr.Write(dir+"/cache/index3/shared_cpu_list", llcShared+"\n")
 }
+
+// VFIOGroupFile creates dev/vfio/N, the group's character device on a live
+// host (a plain file here: tests only open it).
+func (tr *Tree) VFIOGroupFile(group int) {
+	tr.t.Helper()
+	tr.Write(fmt.Sprintf("dev/vfio/%d", group), "")
+}
+
+// Dev is the /dev directory of the tree.
+func (tr *Tree) Dev() string { return filepath.Join(tr.Root, "dev") }
