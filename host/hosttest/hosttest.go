@@ -236,3 +236,17 @@ func (tr *Tree) VFIOGroupFile(group int) {
 
 // Dev is the /dev directory of the tree.
 func (tr *Tree) Dev() string { return filepath.Join(tr.Root, "dev") }
+
+// NetInterface gives PCI function bdf a network interface name of ARPHRD
+// type typ (32 InfiniBand, 1 Ethernet), as its net/<name>/type.
+func (tr *Tree) NetInterface(bdf, name string, typ int) {
+	tr.t.Helper()
+	tr.Write(fmt.Sprintf("sys/bus/pci/devices/%s/net/%s/type", bdf, name), fmt.Sprintf("%d\n", typ))
+}
+
+// RDMADevice gives PCI function bdf an RDMA device dev whose port 1 has
+// the link layer ("InfiniBand" or "Ethernet").
+func (tr *Tree) RDMADevice(bdf, dev, linkLayer string) {
+	tr.t.Helper()
+	tr.Write(fmt.Sprintf("sys/bus/pci/devices/%s/infiniband/%s/ports/1/link_layer", bdf, dev), linkLayer+"\n")
+}
