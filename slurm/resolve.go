@@ -51,6 +51,9 @@ func (e *Env) lookup(k string) (string, bool) {
 
 func (e *Env) getenv(k string) string { v, _ := e.lookup(k); return v }
 
+// Getenv returns an environment variable as Env sees it, "" when unset.
+func (e *Env) Getenv(k string) string { return e.getenv(k) }
+
 func (e *Env) host() *host.Host {
 	if e.Host == nil {
 		e.Host = host.New("/sys", "/proc")
