@@ -86,7 +86,7 @@ func undoIBVF(o Options, c Change) error {
 		}
 	}
 	if err := setIdentity(o.Netlink, netdev, v.VFIndex, v.NodeGUID, v.PortGUID, v.Link, v); err != nil {
-		return fmt.Errorf("hoststate: restore VF %s on %s VF %d (node GUID %s, port GUID %s, link %s): %w; set them by hand with ip link set %s vf %d node_guid ... port_guid ... state ...",
+		return fmt.Errorf("hoststate: restore VF %s on %s VF %d (node GUID %s, port GUID %s, link %s): %w; set them by hand with ip link set %s vf %d node_guid G port_guid G state S",
 			c.BDF, netdev, v.VFIndex, v.NodeGUID, v.PortGUID, v.Link, err, netdev, v.VFIndex)
 	}
 	return nil

@@ -156,24 +156,24 @@ func (gc *GresConf) parseLine(line string, lineNo int, node string, next map[str
 	if c, ok := kv["count"]; ok {
 		n, err := parseCount(c)
 		if err != nil {
-			return fmt.Errorf("Count=%s: %w", c, err)
+			return fmt.Errorf("count=%s (Count=): %w", c, err)
 		}
 		count = n
 	}
 	file, hasFile := kv["file"]
 	if !hasFile {
 		if mf, ok := kv["multiplefiles"]; ok {
-			return fmt.Errorf("Name=%s MultipleFiles=%s: one GRES with several files is not a device hpcvmm can pass through; give each VFIO group its own File=", name, mf)
+			return fmt.Errorf("gres %s: MultipleFiles=%s: one GRES with several files is not a device hpcvmm can pass through; give each VFIO group its own File=", name, mf)
 		}
 		gc.Counted = append(gc.Counted, CountOnly{Name: name, Count: count, Line: lineNo})
 		return nil
 	}
 	files, err := ExpandHostlist(file)
 	if err != nil {
-		return fmt.Errorf("File=%s: %w", file, err)
+		return fmt.Errorf("file %s (File=): %w", file, err)
 	}
 	if count != 0 && count != uint64(len(files)) {
-		return fmt.Errorf("Name=%s Count=%d but File=%s names %d files (Slurm refuses this too)", name, count, file, len(files))
+		return fmt.Errorf("gres %s: Count=%d but File=%s names %d files (Slurm refuses this too)", name, count, file, len(files))
 	}
 	for _, f := range files {
 		gc.Devices = append(gc.Devices, Device{

@@ -53,7 +53,7 @@ func TestParseGresConfNodeLines(t *testing.T) {
 
 func TestParseGresConfErrors(t *testing.T) {
 	for _, tc := range []struct{ conf, want string }{
-		{"Name=gpu File=/dev/vfio/[12-", "line 1: File=/dev/vfio/[12-"},
+		{"Name=gpu File=/dev/vfio/[12-", "line 1: file /dev/vfio/[12- (File=)"},
 		{"Name=gpu File=/dev/vfio/[3-1]", "want numbers and ranges"},
 		{"Name=gpu Count=3 File=/dev/vfio/[1-2]", "Count=3 but File=/dev/vfio/[1-2] names 2 files"},
 		{"\n\nName=gpu gpu", `line 3: "gpu": want Key=Value`},
@@ -61,7 +61,7 @@ func TestParseGresConfErrors(t *testing.T) {
 		{"Name=gpu Name=nic File=/dev/vfio/1", "name= given twice"},
 		{"Name=gpu MultipleFiles=/dev/vfio/[1-2]", "MultipleFiles"},
 		{"Name=gpu File=/dev/vfio/[0-99999999]", "more than 65536"},
-		{"Name=gpu Count=x", "Count=x"},
+		{"Name=gpu Count=x", "count=x (Count=)"},
 	} {
 		_, err := ParseGresConf("gres.conf", strings.NewReader(tc.conf), "n1")
 		require.Error(t, err, tc.conf)

@@ -162,17 +162,18 @@ func applySlurmPlacement(cfg *vmm.Config, fs *pflag.FlagSet, env *slurm.Env, all
 // firstDeviceNode is the NUMA node of the first passthrough device, -1
 // when none or unknown: the node vmm will place the VM on.
 func firstDeviceNode(h *host.Host, p *vmm.PassthroughConfig) int {
-	for _, s := range append(append([]string(nil), p.GPUs...), p.VFs...) {
-		bdf, _, _ := strings.Cut(s, ",")
-		b, err := host.ParseBDF(bdf)
-		if err != nil {
-			return -1
-		}
-		d, err := h.Device(b)
-		if err != nil {
-			return -1
-		}
-		return d.NUMANode
+	all := append(append([]string(nil), p.GPUs...), p.VFs...)
+	if len(all) == 0 {
+		return -1
 	}
-	return -1
+	bdf, _, _ := strings.Cut(all[0], ",")
+	b, err := host.ParseBDF(bdf)
+	if err != nil {
+		return -1
+	}
+	d, err := h.Device(b)
+	if err != nil {
+		return -1
+	}
+	return d.NUMANode
 }
