@@ -1,7 +1,8 @@
 // Package hoststate records what hpcvmm changes on the host and undoes it.
 //
 // Passthrough needs host changes that must not outlive the VM: a device
-// rebound from its driver to vfio-pci (and later TAP devices and hugepage
+// rebound from its driver to vfio-pci, an InfiniBand VF's node/port GUIDs
+// and link state set on its PF (and later TAP devices and hugepage
 // reservations). Each change is written to a journal file
 // (<StateDir>/<pid>.json, /run/hpcvmm by default) and synced BEFORE the
 // change is made, so whatever kills hpcvmm the file says what to undo.
@@ -28,6 +29,7 @@ import (
 	"syscall"
 
 	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/ibvf"
 )
 
 // DefaultStateDir is where journals live on a real host: tmpfs, so a reboot
@@ -41,6 +43,8 @@ const VFIODriver = "vfio-pci"
 const (
 	// KindPCIBind is a PCI function rebound to vfio-pci.
 	KindPCIBind = "pci-bind"
+	// KindIBVF is an InfiniBand VF's GUIDs and/or link state set on its PF.
+	KindIBVF = "ib-vf-identity"
 )
 
 // Change is one host modification and what is needed to undo it.
@@ -52,6 +56,25 @@ type Change struct {
 	OriginalDriver string `json:"original_driver,omitempty"`
 	// OriginalOverride is driver_override before the change, "" for none.
 	OriginalOverride string `json:"original_override,omitempty"`
+	// IBVF is what a KindIBVF change set and the values before it.
+	IBVF *IBVFChange `json:"ib_vf,omitempty"`
+}
+
+// IBVFChange records an InfiniBand VF identity change (BDF is the VF). The
+// PF's netdev is looked up again from PF when undoing, since an interface
+// may be renamed while the VM runs.
+type IBVFChange struct {
+	PF      string `json:"pf"`
+	Netdev  string `json:"netdev"`
+	VFIndex int    `json:"vf_index"`
+	// Set says which attributes were changed; only those are restored.
+	SetNode bool `json:"set_node_guid,omitempty"`
+	SetPort bool `json:"set_port_guid,omitempty"`
+	SetLink bool `json:"set_link_state,omitempty"`
+	// Original values, read before the change.
+	NodeGUID ibvf.GUID      `json:"original_node_guid"`
+	PortGUID ibvf.GUID      `json:"original_port_guid"`
+	Link     ibvf.LinkState `json:"original_link_state"`
 }
 
 func (c Change) String() string {
@@ -62,6 +85,10 @@ func (c Change) String() string {
 			d = "no driver"
 		}
 		return fmt.Sprintf("%s rebound from %s to %s", c.BDF, d, VFIODriver)
+	case KindIBVF:
+		if v := c.IBVF; v != nil {
+			return fmt.Sprintf("InfiniBand VF %s (%s VF %d): node GUID %s, port GUID %s, link %s", c.BDF, v.Netdev, v.VFIndex, v.NodeGUID, v.PortGUID, v.Link)
+		}
 	}
 	return c.Kind
 }
@@ -90,6 +117,9 @@ type Options struct {
 	WriteFile func(path string, data []byte) error
 	// PID is this process's ID in the journal name; 0 means os.Getpid().
 	PID int
+	// Netlink sets InfiniBand VF identities; nil means the kernel's
+	// (ibvf.System). Tests record the messages here.
+	Netlink ibvf.Netlink
 }
 
 func (o *Options) fill() {
@@ -107,6 +137,9 @@ func (o *Options) fill() {
 	}
 	if o.PID == 0 {
 		o.PID = os.Getpid()
+	}
+	if o.Netlink == nil {
+		o.Netlink = ibvf.System{}
 	}
 }
 
@@ -299,6 +332,9 @@ func (j *Journal) undo(c Change) error {
 }
 
 func undoChange(o Options, c Change) error {
+	if c.Kind == KindIBVF {
+		return undoIBVF(o, c)
+	}
 	if c.Kind != KindPCIBind {
 		return fmt.Errorf("hoststate: cannot undo change of unknown kind %q (journal from a newer hpcvmm?)", c.Kind)
 	}

@@ -42,7 +42,7 @@ const (
 // supported: the write is ignored, as a platform without them would.
 type ACPIPM struct {
 	onPowerOff, onReset func()
-	ignored            atomic.Uint64
+	ignored             atomic.Uint64
 }
 
 // NewACPIPM returns the registers; onPowerOff and onReset run on the vCPU

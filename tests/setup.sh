@@ -17,6 +17,7 @@ packages=(
 	libc-bin       # ldd, to collect nvme-cli's libraries
 	xz-utils       # decompresses .ko.xz modules of newer kernels
 	iproute2 ethtool # TAP / NIC setup in scenarios
+	strace           # ibvf: captures the netlink messages for VF GUIDs sent to a veth
 	gcc libc6-dev    # uapi ABI conformance test (compiles C)
 	make linux-headers-amd64 # builds the L2 guest's edu MSI test module (tests/guest/edumsi)
 	ca-certificates  # go module downloads over HTTPS

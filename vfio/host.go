@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/ibvf"
 )
 
 // Spec is one --gpu or --vf argument.
@@ -17,9 +18,14 @@ type Spec struct {
 	VF bool
 	// Clique is the NVIDIA GPUDirect P2P clique (0-15), -1 for none.
 	Clique int
+	// IB is an InfiniBand VF's identity to set on its PF (--vf only):
+	// node-guid=, port-guid=, guid=auto, link=.
+	IB ibvf.Settings
 }
 
-// ParseSpec parses "BDF" or "BDF,clique=N" (clique only for --gpu).
+// ParseSpec parses "BDF" or "BDF,clique=N" (clique only for --gpu), and
+// for a VF "BDF,node-guid=G,port-guid=G[,link=auto|enable|disable]" or
+// "BDF,guid=auto".
 func ParseSpec(s string, vf bool) (Spec, error) {
 	flag := "--gpu"
 	if vf {
@@ -44,6 +50,20 @@ func ParseSpec(s string, vf bool) (Spec, error) {
 			}
 			sp.Clique = n
 		default:
+			if vf {
+				if ok, err := sp.IB.Set(k, v); ok {
+					if err != nil {
+						return Spec{}, fmt.Errorf("%s %q: %w", flag, s, err)
+					}
+					continue
+				}
+				return Spec{}, fmt.Errorf("%s %q: unknown option %q (known: node-guid=GUID, port-guid=GUID, guid=auto, link=auto|enable|disable)", flag, s, opt)
+			}
+			for _, ib := range ibvf.Keys {
+				if k == ib {
+					return Spec{}, fmt.Errorf("%s %q: %s applies to InfiniBand VFs given with --vf", flag, s, k)
+				}
+			}
 			return Spec{}, fmt.Errorf("%s %q: unknown option %q (known: clique=N)", flag, s, opt)
 		}
 	}

@@ -25,8 +25,8 @@ const (
 	// kvmFeatureMSIExtDestID is KVM_FEATURE_MSI_EXT_DEST_ID in leaf
 	// 0x40000001 EAX.
 	kvmFeatureMSIExtDestID = 1 << 15
-	featEDXHTT        = 1 << 28
-	extECXCmpLegacy   = 1 << 1
+	featEDXHTT             = 1 << 28
+	extECXCmpLegacy        = 1 << 1
 
 	topoLevelSMT  = 1
 	topoLevelCore = 2

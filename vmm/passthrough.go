@@ -11,6 +11,7 @@ import (
 	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/hoststate"
+	"github.com/hpcvmm/hpcvmm/ibvf"
 	"github.com/hpcvmm/hpcvmm/iommu"
 	"github.com/hpcvmm/hpcvmm/pci"
 	"github.com/hpcvmm/hpcvmm/uapi"
@@ -24,7 +25,15 @@ type PassthroughConfig struct {
 	// GPUs are "BDF" or "BDF,clique=N" (NVIDIA GPUDirect P2P clique).
 	GPUs []string
 	// VFs are SR-IOV virtual functions ("BDF"); each must have a physfn.
+	// An InfiniBand VF may carry its identity:
+	// "BDF,node-guid=G,port-guid=G[,link=auto|enable|disable]" or
+	// "BDF,guid=auto" (GUIDs derived from GUIDSeed); it is set on the PF
+	// after binding and before the device is reset and opened, journaled,
+	// and restored when the VM ends.
 	VFs []string
+	// GUIDSeed makes guid=auto's GUIDs unique in the cluster (the Slurm
+	// cluster, job and node); see package ibvf.
+	GUIDSeed ibvf.Seed
 	// Bind rebinds devices held by a host driver to vfio-pci for the VM's
 	// lifetime and gives them back afterwards (journaled, so `hpcvmm
 	// unbind` can restore them after a crash).
@@ -79,6 +88,7 @@ type passthrough struct {
 	specs   []vfio.Spec
 	devs    []*host.Device
 	bound   []bool
+	ib      []*ibvf.Target // the VF's PF and netdev where specs[i].IB is set
 	journal *hoststate.Journal
 	ctr     *iommu.Container
 	kv      *vfio.KVMVFIO
@@ -108,6 +118,19 @@ func (vm *VM) checkPassthrough(h *host.Host) (node int, err error) {
 		if sp.VF && dev.PhysFn != nil {
 			vm.log.Info("SR-IOV virtual function", "vf", sp.BDF.String(), "pf", dev.PhysFn.String())
 		}
+		var target *ibvf.Target
+		if !sp.IB.Empty() {
+			if err := sp.IB.Resolve(vm.cfg.Passthrough.GUIDSeed, sp.BDF); err != nil {
+				return -1, fieldErr("Passthrough", "--vf %s: %v", sp.BDF, err)
+			}
+			t, err := ibvf.Locate(h, sp.BDF)
+			if err != nil {
+				return -1, fieldErr("Passthrough", "--vf %s,%s: %v", sp.BDF, sp.IB, err)
+			}
+			target = &t
+			pt.specs[len(pt.devs)] = sp // with the GUIDs guid=auto resolved to
+		}
+		pt.ib = append(pt.ib, target)
 		pt.devs = append(pt.devs, dev)
 		pt.bound = append(pt.bound, bound)
 	}
@@ -139,6 +162,33 @@ func (vm *VM) bindDevices(sysRoot, procRoot string) error {
 			return fmt.Errorf("--bind %s: %w", dev.BDF, err)
 		}
 		pt.devs[i] = refreshed
+	}
+	return nil
+}
+
+// setVFIdentities gives InfiniBand VFs the GUIDs and link state their
+// --vf asked for, after they are bound to vfio-pci and before VFIO opens
+// (and resets) them, so the guest's driver finds a VF whose port the
+// subnet manager can bring up. Each change is journaled with the values it
+// replaces; Close restores them.
+func (vm *VM) setVFIdentities(sysRoot, procRoot string) error {
+	pt := vm.pt
+	if pt == nil {
+		return nil
+	}
+	for i, t := range pt.ib {
+		if t == nil {
+			continue
+		}
+		if pt.journal == nil {
+			pt.journal = hoststate.Open(hoststate.Options{StateDir: vm.cfg.Passthrough.StateDir, SysfsRoot: sysRoot, ProcRoot: procRoot})
+		}
+		sp := pt.specs[i]
+		if err := pt.journal.SetVFIdentity(*t, sp.IB); err != nil {
+			return fmt.Errorf("--vf %s: %w", sp.BDF, err)
+		}
+		vm.log.Info("InfiniBand VF identity set for this VM", "vf", sp.BDF.String(), "pf_netdev", t.Netdev, "vf_index", t.Index,
+			"set", sp.IB.String(), "journal", pt.journal.Path())
 	}
 	return nil
 }

@@ -286,6 +286,9 @@ func New(cfg Config) (_ *VM, err error) {
 	if err := setupFault("bind devices"); err != nil {
 		return nil, err
 	}
+	if err := vm.setVFIdentities(sysRoot, procRoot); err != nil {
+		return nil, err
+	}
 	if err := vm.addPlatformDevices(); err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/ibvf"
 	"github.com/hpcvmm/hpcvmm/vmm"
 	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
@@ -67,6 +68,10 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		return c.usageError(stderr, "--cpus %d: want 1 or more", req.CPUs)
 	}
 	req.GPUs, req.VFs, req.PageSize = gpus, vfs, uint64(page)
+	if sysRoot == "/sys" {
+		// The live host: read InfiniBand VFs' GUIDs over netlink.
+		req.VFIdentity = ibvf.System{}.Identity
+	}
 
 	rep := preflight.Run(host.New(sysRoot, procRoot), req)
 	var err error

@@ -3,36 +3,106 @@ package main
 import (
 	"fmt"
 	"io"
+	"log/slog"
 
 	"github.com/spf13/pflag"
 
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/hoststate"
+	"github.com/hpcvmm/hpcvmm/ibvf"
+	"github.com/hpcvmm/hpcvmm/slurm"
+	"github.com/hpcvmm/hpcvmm/vfio"
 	"github.com/hpcvmm/hpcvmm/vmm"
 )
 
 // addPassthroughFlags defines --gpu, --vf, --bind and --p2p on fs.
 func addPassthroughFlags(fs *pflag.FlagSet, p *vmm.PassthroughConfig) {
-	fs.Var((*stringList)(&p.GPUs), "gpu", "`BDF[,clique=N]`: pass a GPU (or any PCI device) through VFIO; clique=N gives an NVIDIA GPU the P2P clique capability (repeatable)")
-	fs.Var((*stringList)(&p.VFs), "vf", "`BDF`: pass an SR-IOV virtual function through (repeatable)")
+	fs.Var((*stringList)(&p.GPUs), "gpu", "`BDF[,clique=N]`: pass a GPU (or any PCI device) through VFIO; clique=N gives an NVIDIA GPU the P2P clique capability; slurm: the step's gpu GRES (repeatable)")
+	fs.Var((*stringList)(&p.VFs), "vf", "`BDF[,node-guid=G,port-guid=G][,guid=auto][,link=auto|enable|disable]`: pass an SR-IOV virtual function through, an InfiniBand VF with the GUIDs and link state to set on its PF; slurm[,OPTIONS]: the step's nic GRES (repeatable)")
 	fs.BoolVar(&p.Bind, "bind", false, "rebind devices held by a host driver to vfio-pci for this VM (journaled in "+hoststate.DefaultStateDir+") and give them back when it ends")
 	fs.VarPF(notValue{&p.NoP2P}, "p2p", "", "DMA-map device BARs so passed-through devices reach each other (GPUDirect P2P/RDMA); --p2p=false skips it when they need not").NoOptDefVal = "true"
 }
 
-// runBind rebinds devices to vfio-pci and leaves them there; the change is
-// journaled, so `hpcvmm unbind` gives them back to their drivers.
+// runBind rebinds devices to vfio-pci and leaves them there, and sets
+// InfiniBand VFs' GUIDs and link state; every change is journaled, so
+// `hpcvmm unbind` undoes it. Under Slurm (a Prolog) --gpu slurm and --vf
+// slurm[,guid=auto] name the job's devices. All input is checked before
+// the first change.
 func runBind(args []string, stdout, stderr io.Writer) int {
-	stateDir, bdfs, rc := parseJournalArgs("bind", args, stdout, stderr)
-	if rc >= 0 {
+	c := newCommand("hpcvmm bind",
+		"Rebind PCI devices to vfio-pci and set InfiniBand VFs' GUIDs and link state, and leave them so, journaled, until `hpcvmm unbind` restores them. "+
+			"In a Slurm Prolog, --gpu slurm and --vf slurm name the job's devices on this node.",
+		"hpcvmm bind [--state-dir DIR] [--gpu BDF|slurm]... [--vf BDF|slurm[,IB-OPTIONS]]... [BDF...]")
+	c.footer = "IB-OPTIONS: node-guid=GUID,port-guid=GUID[,link=auto|enable|disable]\nor guid=auto (see hpcvmm run --help).\n\n" +
+		"Exit status: 0 done, 1 a device could not be rebound or set, 2 invalid input."
+	g := c.group("Flags")
+	dir := g.String("state-dir", hoststate.DefaultStateDir, "`DIR`: where hpcvmm journals the host changes it makes")
+	var p vmm.PassthroughConfig
+	g.Var((*stringList)(&p.GPUs), "gpu", "`BDF|slurm`: a device to bind; slurm: the job's gpu GRES (repeatable)")
+	g.Var((*stringList)(&p.VFs), "vf", "`BDF|slurm[,IB-OPTIONS]`: a VF to bind, with the InfiniBand identity to set; slurm: the job's nic GRES (repeatable)")
+	c.done()
+	if rc := c.parse(args, stdout, stderr); rc >= 0 {
 		return rc
 	}
-	j := hoststate.Open(hoststate.Options{StateDir: stateDir})
+	p.GPUs = append(p.GPUs, c.fs.Args()...)
+	if len(p.GPUs)+len(p.VFs) == 0 {
+		return c.usageError(stderr, "no device given: name the PCI functions, e.g. hpcvmm bind 0000:82:00.0")
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	env := &slurm.Env{Host: host.New("/sys", "/proc")}
+	if err := expandSlurmDevices(&p, env, log); err != nil {
+		return c.usageError(stderr, "%v", err)
+	}
+	seed := ibvf.Seed{Cluster: env.Getenv("SLURM_CLUSTER_NAME"), Job: env.Getenv("SLURM_JOB_ID")}
+	if env.InSlurm() {
+		seed.Node, _ = env.NodeName()
+	}
+	// Everything is checked before the first change.
+	var bdfs []host.BDF
+	type ident struct {
+		t ibvf.Target
+		s ibvf.Settings
+	}
+	var idents []ident
+	for _, s := range p.GPUs {
+		sp, err := vfio.ParseSpec(s, false)
+		if err != nil {
+			return c.usageError(stderr, "%v", err)
+		}
+		bdfs = append(bdfs, sp.BDF)
+	}
+	for _, s := range p.VFs {
+		sp, err := vfio.ParseSpec(s, true)
+		if err != nil {
+			return c.usageError(stderr, "%v", err)
+		}
+		bdfs = append(bdfs, sp.BDF)
+		if sp.IB.Empty() {
+			continue
+		}
+		if err := sp.IB.Resolve(seed, sp.BDF); err != nil {
+			return c.usageError(stderr, "--vf %s: %v", s, err)
+		}
+		t, err := ibvf.Locate(env.Host, sp.BDF)
+		if err != nil {
+			return c.usageError(stderr, "--vf %s: %v", s, err)
+		}
+		idents = append(idents, ident{t, sp.IB})
+	}
+	j := hoststate.Open(hoststate.Options{StateDir: *dir})
 	for _, b := range bdfs {
 		if err := j.Bind(b); err != nil {
 			fmt.Fprintln(stderr, "hpcvmm bind:", err)
 			return 1
 		}
 		fmt.Fprintf(stdout, "%s bound to vfio-pci (hpcvmm unbind %s restores it; journal %s)\n", b, b, j.Path())
+	}
+	for _, id := range idents {
+		if err := j.SetVFIdentity(id.t, id.s); err != nil {
+			fmt.Fprintln(stderr, "hpcvmm bind:", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "%s: %s set on %s VF %d (hpcvmm unbind %s restores the previous values; journal %s)\n", id.t.VF, id.s, id.t.Netdev, id.t.Index, id.t.VF, j.Path())
 	}
 	return 0
 }
@@ -41,7 +111,7 @@ func runBind(args []string, stdout, stderr io.Writer) int {
 // drivers: after `hpcvmm bind`, or after an hpcvmm that was killed before
 // it could restore them itself.
 func runUnbind(args []string, stdout, stderr io.Writer) int {
-	stateDir, bdfs, rc := parseJournalArgs("unbind", args, stdout, stderr)
+	stateDir, bdfs, rc := parseJournalArgs(args, stdout, stderr)
 	if rc >= 0 {
 		return rc
 	}
@@ -62,29 +132,19 @@ func runUnbind(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// parseJournalArgs parses the flags and BDF arguments `hpcvmm bind` and
-// `hpcvmm unbind` share. rc is -1 to go on, else the exit status after help
-// or a usage error was printed.
-func parseJournalArgs(cmd string, args []string, stdout, stderr io.Writer) (stateDir string, bdfs []host.BDF, rc int) {
-	var c *command
-	if cmd == "bind" {
-		c = newCommand("hpcvmm bind",
-			"Rebind PCI devices to vfio-pci and leave them there, journaled, until `hpcvmm unbind` gives them back to their drivers.",
-			"hpcvmm bind [--state-dir DIR] BDF...")
-	} else {
-		c = newCommand("hpcvmm unbind",
-			"Give devices rebound by hpcvmm back to their drivers: after `hpcvmm bind`, or after an hpcvmm that was killed before it could. "+
-				"Without BDFs, every device of every journal whose hpcvmm no longer runs.",
-			"hpcvmm unbind [--state-dir DIR] [BDF...]")
-	}
+// parseJournalArgs parses the flags and BDF arguments of `hpcvmm unbind`.
+// rc is -1 to go on, else the exit status after help or a usage error was
+// printed.
+func parseJournalArgs(args []string, stdout, stderr io.Writer) (stateDir string, bdfs []host.BDF, rc int) {
+	c := newCommand("hpcvmm unbind",
+		"Give devices rebound by hpcvmm back to their drivers, and InfiniBand VFs their previous GUIDs and link state: after `hpcvmm bind`, or after an hpcvmm that was killed before it could. "+
+			"Without BDFs, every change of every journal whose hpcvmm no longer runs.",
+		"hpcvmm unbind [--state-dir DIR] [BDF...]")
 	c.footer = "Exit status: 0 done, 1 a device could not be rebound, 2 invalid input."
 	dir := c.group("Flags").String("state-dir", hoststate.DefaultStateDir, "`DIR`: where hpcvmm journals the host changes it makes")
 	c.done()
 	if rc := c.parse(args, stdout, stderr); rc >= 0 {
 		return "", nil, rc
-	}
-	if cmd == "bind" && c.fs.NArg() == 0 {
-		return "", nil, c.usageError(stderr, "no device given: name the PCI functions, e.g. hpcvmm bind 0000:82:00.0")
 	}
 	bdfs, err := parseBDFs(c.fs.Args())
 	if err != nil {

@@ -16,6 +16,8 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/term"
 
+	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/slurm"
 	"github.com/hpcvmm/hpcvmm/vmm"
 )
 
@@ -37,7 +39,8 @@ func newRunCommand() (*command, *runFlags) {
 		"hpcvmm run --kernel FILE [--initrd FILE] [--cmdline TEXT] [--cpus N]",
 		"[--memory SIZE] [--hugepages 1G|2M|none]",
 		"[--numa-node N|auto] [--cpu-list LIST] [--allow-cross-numa]",
-		"[--gpu BDF[,clique=N]]... [--vf BDF]... [--bind] [--p2p=false]",
+		"[--gpu BDF[,clique=N]|slurm]... [--vf BDF|slurm[,IB-OPTIONS]]...",
+		"[--bind] [--p2p=false]",
 		"[--net tap=NAME[,mac=MAC][,queues=N][,vhost=on|off]]...",
 		"[--console virtio|serial|none] [--log-level debug|info|warn|error]",
 		"[--acpi on|off] [--topology host|flat] [--shutdown-timeout DURATION]")
@@ -84,7 +87,20 @@ func newRunCommand() (*command, *runFlags) {
 
 // runFooter is the end of `hpcvmm run --help`: the console keys and the
 // exit statuses, which scripts depend on (README.md has the same).
-const runFooter = `On a terminal, stdin is put in raw mode: Ctrl-A x stops the VM, Ctrl-A Ctrl-A
+const runFooter = `Under Slurm (srun/sbatch; SLURM_JOB_ID set): --gpu slurm and --vf slurm take the
+step's gpu and nic GRES (SLURM_STEP_GPUS/SLURM_JOB_GPUS indices and
+SLURM_STEP_NICS/SLURM_JOB_NICS device numbers, mapped through gres.conf's
+File=/dev/vfio/<group>); without --cpu-list the vCPUs go on the step's CPUs
+(sched_getaffinity) on the VM's NUMA node and --cpus defaults to their number;
+without --memory guest RAM is SLURM_MEM_PER_NODE (or SLURM_MEM_PER_CPU x the
+job's CPUs on the node) less 5% and 256 MiB kept for hpcvmm. See docs/slurm.md.
+
+InfiniBand VF options (IB-OPTIONS): node-guid=GUID,port-guid=GUID[,link=auto|
+enable|disable], or guid=auto (GUIDs derived from the Slurm cluster, job, node
+and VF); set on the PF's IPoIB netdev before the VF is reset and restored when
+the VM ends (journaled; hpcvmm unbind restores them after a crash).
+
+On a terminal, stdin is put in raw mode: Ctrl-A x stops the VM, Ctrl-A Ctrl-A
 sends one Ctrl-A. The first SIGINT or SIGTERM presses the guest's ACPI power
 button and waits --shutdown-timeout for it to power off (exit status 0); a
 second signal, the timeout, or a guest without ACPI stops the VM hard
@@ -209,6 +225,19 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return rc
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: f.logLevel}))
+	sysRoot := f.cfg.SysfsRoot
+	if sysRoot == "" {
+		sysRoot = "/sys"
+	}
+	procRoot := f.cfg.ProcfsRoot
+	if procRoot == "" {
+		procRoot = "/proc"
+	}
+	env := &slurm.Env{Host: host.New(sysRoot, procRoot)}
+	if err := applySlurm(&f.cfg, c.fs, env, slurm.AllowedCPUs, log); err != nil {
+		fmt.Fprintln(stderr, "hpcvmm run:", err)
+		return 2
+	}
 	cfg := f.toConfig()
 	cfg.Logger = log
 	cfg.Stdout = stdout

@@ -226,3 +226,27 @@ func (tr *Tree) CPU(n, pkg, core int, llcShared string) {
 	tr.Write(dir+"/cache/index3/level", "3\n")
 	tr.Write(dir+"/cache/index3/shared_cpu_list", llcShared+"\n")
 }
+
+// VFIOGroupFile creates dev/vfio/N, the group's character device on a live
+// host (a plain file here: tests only open it).
+func (tr *Tree) VFIOGroupFile(group int) {
+	tr.t.Helper()
+	tr.Write(fmt.Sprintf("dev/vfio/%d", group), "")
+}
+
+// Dev is the /dev directory of the tree.
+func (tr *Tree) Dev() string { return filepath.Join(tr.Root, "dev") }
+
+// NetInterface gives PCI function bdf a network interface name of ARPHRD
+// type typ (32 InfiniBand, 1 Ethernet), as its net/<name>/type.
+func (tr *Tree) NetInterface(bdf, name string, typ int) {
+	tr.t.Helper()
+	tr.Write(fmt.Sprintf("sys/bus/pci/devices/%s/net/%s/type", bdf, name), fmt.Sprintf("%d\n", typ))
+}
+
+// RDMADevice gives PCI function bdf an RDMA device dev whose port 1 has
+// the link layer ("InfiniBand" or "Ethernet").
+func (tr *Tree) RDMADevice(bdf, dev, linkLayer string) {
+	tr.t.Helper()
+	tr.Write(fmt.Sprintf("sys/bus/pci/devices/%s/infiniband/%s/ports/1/link_layer", bdf, dev), linkLayer+"\n")
+}

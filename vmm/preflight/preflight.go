@@ -12,6 +12,7 @@ import (
 	"github.com/hpcvmm/hpcvmm/guestmem"
 
 	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/ibvf"
 )
 
 // Request describes the VM to check for.
@@ -38,6 +39,11 @@ type Request struct {
 	// path, to check the capabilities hpcvmm needs. Opening /dev/kvm is the
 	// uapi package's job, so the CLI plugs the probe in here.
 	KVMCheck func(devPath string) []Result `json:"-"`
+	// VFIdentity, if set, reads an InfiniBand VF's GUIDs and link state
+	// from its PF's netdev (ibvf.System.Identity), so a VF whose zero port
+	// GUID would keep its link down is reported. Left nil, only sysfs is
+	// read.
+	VFIdentity func(netdev string, vf int) (ibvf.Identity, error) `json:"-"`
 }
 
 func (r Request) pageSize() uint64 {
@@ -437,6 +443,80 @@ func (c *checker) vf(d *host.Device) {
 		return
 	}
 	c.add("sr-iov", subj, Pass, "", "VF of PF %s (driver %s, %d VFs enabled)", pf.BDF, pf.Driver, pf.NumVFs)
+	c.ibVF(d, pf)
+}
+
+// ibVF reports what an InfiniBand VF's identity depends on: the PF's link
+// layer, its netdev, and, when VFIdentity is set, whether the VF's GUIDs
+// are still zero (a zero port GUID keeps the VF's link down in the guest).
+// A PF with neither an RDMA device nor a netdev adds nothing.
+func (c *checker) ibVF(d, pf *host.Device) {
+	subj := d.BDF.String()
+	rdma, layer, hasRDMA, err := c.h.RDMALinkLayer(pf.BDF)
+	if err != nil {
+		c.add("ib-vf", subj, Warn, "", "%v", err)
+		return
+	}
+	ifs, err := c.h.NetInterfaces(pf.BDF)
+	if err != nil {
+		c.add("ib-vf", subj, Warn, "", "%v", err)
+		return
+	}
+	if !hasRDMA && len(ifs) == 0 {
+		return
+	}
+	netdev, typ := "", 0
+	for _, name := range ifs {
+		t, err := c.h.NetInterfaceType(pf.BDF, name)
+		if err != nil {
+			continue
+		}
+		if netdev == "" || t == host.ARPHRDInfiniBand {
+			netdev, typ = name, t
+		}
+	}
+	where := fmt.Sprintf("PF %s", pf.BDF)
+	if hasRDMA {
+		where += fmt.Sprintf(" RDMA device %s port 1 link layer %s", rdma, layer)
+	}
+	if (layer != "" && layer != "InfiniBand") || (netdev != "" && typ != host.ARPHRDInfiniBand) {
+		c.add("ib-vf", subj, Pass, "", "%s, netdev %s (type %d): not InfiniBand, so no GUIDs to set", where, orNone(netdev), typ)
+		return
+	}
+	if netdev == "" {
+		c.add("ib-vf", subj, Warn, "modprobe ib_ipoib (the kernel sets VF GUIDs through the PF's IPoIB netdev)",
+			"%s, no netdev: VF GUIDs cannot be set, and a VF with a zero port GUID stays down", where)
+		return
+	}
+	idx, err := c.h.VFIndex(pf.BDF, d.BDF)
+	if err != nil {
+		c.add("ib-vf", subj, Warn, "", "%s, netdev %s: %v", where, netdev, err)
+		return
+	}
+	if c.req.VFIdentity == nil {
+		c.add("ib-vf", subj, Pass, "", "%s, IPoIB netdev %s, VF %d", where, netdev, idx)
+		return
+	}
+	id, err := c.req.VFIdentity(netdev, idx)
+	if err != nil {
+		c.add("ib-vf", subj, Warn, "", "%s, IPoIB netdev %s, VF %d: cannot read its GUIDs: %v", where, netdev, idx, err)
+		return
+	}
+	if id.PortGUID == 0 || id.NodeGUID == 0 {
+		c.add("ib-vf", subj, Warn,
+			fmt.Sprintf("hpcvmm run --vf %s,guid=auto (under Slurm) or --vf %s,node-guid=G,port-guid=G; by hand: ip link set %s vf %d node_guid G port_guid G", d.BDF, d.BDF, netdev, idx),
+			"%s, IPoIB netdev %s, VF %d: node GUID %s, port GUID %s, link %s: a zero port GUID keeps the VF's link down in the guest",
+			where, netdev, idx, id.NodeGUID, id.PortGUID, id.Link)
+		return
+	}
+	c.add("ib-vf", subj, Pass, "", "%s, IPoIB netdev %s, VF %d: node GUID %s, port GUID %s, link %s", where, netdev, idx, id.NodeGUID, id.PortGUID, id.Link)
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
 }
 
 // barSpace checks that every requested device's BARs fit the guest's MMIO

@@ -1,0 +1,408 @@
+package slurm
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hpcvmm/hpcvmm/host"
+)
+
+// The GRES names hpcvmm resolves.
+const (
+	GPU = "gpu"
+	NIC = "nic"
+)
+
+// Env is what resolution reads from the process and the host. Fields left
+// nil or empty read the live system.
+type Env struct {
+	// LookupEnv reads an environment variable; nil means os.LookupEnv.
+	LookupEnv func(string) (string, bool)
+	// Hostname is the node name when SLURMD_NODENAME is unset; nil means
+	// os.Hostname.
+	Hostname func() (string, error)
+	// Host reads the IOMMU groups; nil means host.New("/sys", "/proc").
+	Host *host.Host
+	// DevDir is where the VFIO group files are looked for, with the
+	// /dev/vfio/ of gres.conf's File= replaced by DevDir/vfio/; "" means
+	// "/dev".
+	DevDir string
+	// Scontrol returns `scontrol show job -d JOBID`; nil runs scontrol.
+	// It is used only where Slurm sets no device variable (the nic GRES
+	// in a Prolog/Epilog).
+	Scontrol func(jobID string) (string, error)
+}
+
+func (e *Env) lookup(k string) (string, bool) {
+	if e.LookupEnv == nil {
+		return os.LookupEnv(k)
+	}
+	return e.LookupEnv(k)
+}
+
+func (e *Env) getenv(k string) string { v, _ := e.lookup(k); return v }
+
+// Getenv returns an environment variable as Env sees it, "" when unset.
+func (e *Env) Getenv(k string) string { return e.getenv(k) }
+
+func (e *Env) host() *host.Host {
+	if e.Host == nil {
+		e.Host = host.New("/sys", "/proc")
+	}
+	return e.Host
+}
+
+// InSlurm reports whether the process runs inside a Slurm job (a step,
+// a batch script, or a Prolog/Epilog).
+func (e *Env) InSlurm() bool {
+	_, ok := e.lookup("SLURM_JOB_ID")
+	return ok
+}
+
+// NodeName is the Slurm name of this node: SLURMD_NODENAME, which slurmd
+// sets for steps and Prolog/Epilog alike, else the host name.
+func (e *Env) NodeName() (string, error) {
+	if n := e.getenv("SLURMD_NODENAME"); n != "" {
+		return n, nil
+	}
+	hn := e.Hostname
+	if hn == nil {
+		hn = os.Hostname
+	}
+	n, err := hn()
+	if err != nil {
+		return "", fmt.Errorf("slurm: no SLURMD_NODENAME and no host name: %w", err)
+	}
+	return n, nil
+}
+
+// Selection is what one GRES resolved to.
+type Selection struct {
+	// Name is the GRES ("gpu", "nic").
+	Name string
+	// Source says where Slurm's answer came from, for logs and errors:
+	// "SLURM_STEP_GPUS=0,1".
+	Source string
+	// Devices are the gres.conf device files the job got, in Slurm's order.
+	Devices []Device
+	// Groups are their VFIO groups, Groups[i] for Devices[i].
+	Groups []int
+	// Functions are the PCI functions of those groups, bridges left out
+	// (the kernel does not need them in VFIO), in group order.
+	Functions []host.BDF
+}
+
+// variables returns the step and job variables of a GRES and whether
+// their values are dev_num (nic) rather than indices (gpu); see the
+// package documentation.
+func variables(name string) (step, job string, devNum bool, err error) {
+	switch name {
+	case GPU:
+		return "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", false, nil
+	case NIC:
+		return "SLURM_STEP_NICS", "SLURM_JOB_NICS", true, nil
+	}
+	return "", "", false, fmt.Errorf("slurm: GRES %q: hpcvmm resolves gpu and nic (the GRES Slurm 22.05 constrains with a plugin)", name)
+}
+
+// Resolve finds the devices Slurm gave this step (or job) of GRES name,
+// their VFIO groups and the PCI functions in those groups, and checks that
+// the job may open each group. Nothing on the host changes.
+func (e *Env) Resolve(name string) (*Selection, error) {
+	stepVar, jobVar, devNum, err := variables(name)
+	if err != nil {
+		return nil, err
+	}
+	if !e.InSlurm() {
+		return nil, fmt.Errorf("slurm: --%s slurm needs a Slurm job, and SLURM_JOB_ID is not set: run hpcvmm with srun or in an sbatch script, or name the devices (--%s BDF)", flagOf(name), flagOf(name))
+	}
+	sel := &Selection{Name: name}
+	// A Prolog/Epilog runs as root outside the job's cgroup, before the
+	// devices are bound to vfio-pci: opening the group there proves
+	// nothing, and its file may not exist yet.
+	inScript := e.getenv("SLURM_SCRIPT_CONTEXT") != ""
+	var values []int
+	var byIndex bool
+	if v, ok := e.lookup(stepVar); ok {
+		sel.Source = stepVar + "=" + v
+	} else if v, ok := e.lookup(jobVar); ok {
+		sel.Source = jobVar + "=" + v
+	}
+	if sel.Source != "" {
+		_, v, _ := strings.Cut(sel.Source, "=")
+		if values, err = ParseIndexList(v); err != nil {
+			return nil, fmt.Errorf("slurm: %s: %w", sel.Source, err)
+		}
+		byIndex = !devNum
+	} else if devNum && inScript {
+		// Prolog/Epilog: the nic plugin sets nothing there.
+		if values, sel.Source, err = e.scontrolIndices(name); err != nil {
+			return nil, err
+		}
+		byIndex = true
+	} else {
+		return nil, fmt.Errorf("slurm: Slurm gave this job no %s: neither %s nor %s is set; request them with --gres=%s:N (and check gres.conf declares Name=%s on this node)", name, stepVar, jobVar, name, name)
+	}
+	conf, err := e.gresConf()
+	if err != nil {
+		return nil, fmt.Errorf("slurm: %s is set but %w", sel.Source, err)
+	}
+	var mine []Device
+	for _, d := range conf.Devices {
+		if d.Name == name {
+			mine = append(mine, d)
+		}
+	}
+	if len(mine) == 0 {
+		return nil, fmt.Errorf("slurm: %s, but %s declares no Name=%s with File= for node %s: add a line such as Name=%s File=/dev/vfio/<group>%s",
+			sel.Source, conf.Path, name, conf.Node, name, countedHint(conf, name))
+	}
+	for _, v := range values {
+		d, ok := findDevice(mine, v, byIndex)
+		if !ok {
+			what := "index"
+			if !byIndex {
+				what = "device number (the number File= ends in)"
+			}
+			return nil, fmt.Errorf("slurm: %s: no %s %s %d in %s for node %s (it declares %s): is this the gres.conf slurmd reads?",
+				sel.Source, name, what, v, conf.Path, conf.Node, describeDevices(mine))
+		}
+		g, err := vfioGroup(d.File)
+		if err != nil {
+			return nil, fmt.Errorf("slurm: %s gives %s, declared on %s line %d: %w", sel.Source, d.File, conf.Path, d.Line, err)
+		}
+		if !inScript {
+			if err := e.openGroup(g, d, sel.Source); err != nil {
+				return nil, err
+			}
+		}
+		members, err := e.host().IOMMUGroupMembers(g)
+		if err != nil {
+			return nil, fmt.Errorf("slurm: %s gives %s, but IOMMU group %d is not on this host (%w): check gres.conf against `hpcvmm devices`", sel.Source, d.File, g, err)
+		}
+		n := 0
+		for _, b := range members {
+			dev, err := e.host().Device(b)
+			if err != nil {
+				return nil, fmt.Errorf("slurm: IOMMU group %d: %w", g, err)
+			}
+			if sc := dev.SubClass(); sc == 0x0604 || sc == 0x0609 {
+				continue // PCI bridges stay on the host; VFIO allows them in a group
+			}
+			sel.Functions = append(sel.Functions, b)
+			n++
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("slurm: %s gives %s, but IOMMU group %d has no device to pass through (only bridges)", sel.Source, d.File, g)
+		}
+		sel.Devices = append(sel.Devices, d)
+		sel.Groups = append(sel.Groups, g)
+	}
+	if len(sel.Devices) == 0 {
+		return nil, fmt.Errorf("slurm: %s names no device: request them with --gres=%s:N", sel.Source, name)
+	}
+	return sel, nil
+}
+
+func flagOf(name string) string {
+	if name == NIC {
+		return "vf"
+	}
+	return name
+}
+
+func countedHint(conf *GresConf, name string) string {
+	for _, c := range conf.Counted {
+		if c.Name == name {
+			return fmt.Sprintf(" (line %d has Name=%s with Count= but no File=, which names no device)", c.Line, name)
+		}
+	}
+	return ""
+}
+
+func describeDevices(ds []Device) string {
+	var parts []string
+	for _, d := range ds {
+		parts = append(parts, fmt.Sprintf("index %d = %s", d.Index, d.File))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func findDevice(ds []Device, v int, byIndex bool) (Device, bool) {
+	for _, d := range ds {
+		if (byIndex && d.Index == v) || (!byIndex && d.DevNum == v) {
+			return d, true
+		}
+	}
+	return Device{}, false
+}
+
+// gresConf reads the gres.conf beside SLURM_CONF for this node.
+func (e *Env) gresConf() (*GresConf, error) {
+	node, err := e.NodeName()
+	if err != nil {
+		return nil, err
+	}
+	p := GresConfPath(e.getenv)
+	gc, err := ReadGresConf(p, node)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("there is no gres.conf at %s (beside SLURM_CONF=%q, else %s): hpcvmm maps Slurm's device indices through it; see docs/slurm.md", p, e.getenv("SLURM_CONF"), DefaultGresConf)
+	}
+	if err != nil {
+		return nil, err
+	}
+	// A short host name may be the node name when the FQDN is not.
+	if len(gc.Devices) == 0 && e.getenv("SLURMD_NODENAME") == "" {
+		if short, _, ok := strings.Cut(node, "."); ok {
+			if g2, err := ReadGresConf(p, short); err == nil && len(g2.Devices) > 0 {
+				return g2, nil
+			}
+		}
+	}
+	return gc, nil
+}
+
+// vfioGroup returns N of File=/dev/vfio/N, or says why File is not a VFIO
+// group.
+func vfioGroup(file string) (int, error) {
+	clean := path.Clean(file)
+	dir, base := path.Split(clean)
+	g, err := strconv.Atoi(base)
+	if dir != "/dev/vfio/" || err != nil || g < 0 || strconv.Itoa(g) != base {
+		return 0, fmt.Errorf("%s is not a VFIO group (/dev/vfio/<group>): on a node that passes devices to VMs, declare each device in gres.conf by its VFIO group, e.g. File=/dev/vfio/12 (hpcvmm devices lists each device's group)", file)
+	}
+	return g, nil
+}
+
+// openGroup opens the group file read-write, as VFIO will, and closes it:
+// the device cgroup of a job without that GRES answers EPERM.
+func (e *Env) openGroup(g int, d Device, source string) error {
+	dev := e.DevDir
+	if dev == "" {
+		dev = "/dev"
+	}
+	p := filepath.Join(dev, "vfio", strconv.Itoa(g))
+	fd, err := unix.Open(p, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err == nil {
+		unix.Close(fd)
+		return nil
+	}
+	return groupOpenError(err, p, d, source)
+}
+
+// groupOpenError explains why the group file p could not be opened, in
+// terms of what Slurm gave (source) and what to do.
+func groupOpenError(err error, p string, d Device, source string) error {
+	switch {
+	case errors.Is(err, unix.EPERM):
+		return fmt.Errorf("slurm: %s gives %s, but this job's device cgroup does not let it open %s (EPERM): the job was not allocated that %s; request it with --gres=%s:N, or fix gres.conf if the index is wrong", source, d.File, p, d.Name, d.Name)
+	case errors.Is(err, unix.EACCES):
+		return fmt.Errorf("slurm: %s gives %s, but %s is not accessible to this user (EACCES): the Prolog must chown the job's VFIO groups to $SLURM_JOB_USER (see docs/slurm.md)", source, d.File, p)
+	case errors.Is(err, unix.ENOENT):
+		return fmt.Errorf("slurm: %s gives %s, but %s does not exist: the group's devices are not bound to vfio-pci; bind them in the Prolog (hpcvmm bind) or on the node (see docs/slurm.md)", source, d.File, p)
+	case errors.Is(err, unix.EBUSY):
+		return fmt.Errorf("slurm: %s gives %s, but %s is open in another process (EBUSY): another VM or job holds the group", source, d.File, p)
+	}
+	return fmt.Errorf("slurm: %s gives %s: open %s: %w", source, d.File, p, err)
+}
+
+// scontrolIndices reads the job's indices of GRES name on this node from
+// `scontrol show job -d`, for the Prolog/Epilog.
+func (e *Env) scontrolIndices(name string) ([]int, string, error) {
+	job := e.getenv("SLURM_JOB_ID")
+	node, err := e.NodeName()
+	if err != nil {
+		return nil, "", err
+	}
+	run := e.Scontrol
+	if run == nil {
+		run = func(id string) (string, error) {
+			out, err := exec.Command("scontrol", "show", "job", "-d", id).Output()
+			return string(out), err
+		}
+	}
+	out, err := run(job)
+	if err != nil {
+		return nil, "", fmt.Errorf("slurm: no SLURM_JOB_NICS here (%s), and `scontrol show job -d %s` failed: %w", e.getenv("SLURM_SCRIPT_CONTEXT"), job, err)
+	}
+	idx, err := JobGRESIndices(out, node, name)
+	if err != nil {
+		return nil, "", fmt.Errorf("slurm: `scontrol show job -d %s`: %w", job, err)
+	}
+	return idx, fmt.Sprintf("scontrol show job -d %s: %s IDX:%s", job, name, host.FormatCPUList(idx)), nil
+}
+
+// JobGRESIndices parses `scontrol show job -d` output for the indices of
+// GRES name on node: the line "Nodes=n[1-2] CPU_IDs=0-3 Mem=1024
+// GRES=gpu:1(IDX:0),nic:1(IDX:1)" whose Nodes= contains node. A job with
+// none of that GRES on the node yields an error saying so.
+func JobGRESIndices(out, node, name string) ([]int, error) {
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || !strings.HasPrefix(f[0], "Nodes=") {
+			continue
+		}
+		nodes, err := ExpandHostlist(strings.TrimPrefix(f[0], "Nodes="))
+		if err != nil || !contains(nodes, node) {
+			continue
+		}
+		var gres string
+		for _, x := range f[1:] {
+			if strings.HasPrefix(x, "GRES=") {
+				gres = strings.TrimPrefix(x, "GRES=")
+			}
+		}
+		var out []int
+		for _, item := range splitOutsideParens(gres) {
+			head, idx, ok := strings.Cut(item, "(IDX:")
+			if !ok || strings.SplitN(head, ":", 2)[0] != name {
+				continue
+			}
+			idx = strings.TrimSuffix(idx, ")")
+			if idx == "N/A" {
+				continue
+			}
+			n, err := ParseIndexList(idx)
+			if err != nil {
+				return nil, fmt.Errorf("node %s: %s: %w", node, item, err)
+			}
+			out = append(out, n...)
+		}
+		if len(out) == 0 {
+			return nil, fmt.Errorf("node %s has no %s in this job (GRES=%s)", node, name, gres)
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("no Nodes= line for node %s: is SLURMD_NODENAME right?", node)
+}
+
+func splitOutsideParens(s string) []string {
+	var parts []string
+	depth, last := 0, 0
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '(':
+			depth++
+		case ')':
+			depth--
+		case ',':
+			if depth == 0 {
+				parts = append(parts, s[last:i])
+				last = i + 1
+			}
+		}
+	}
+	if last < len(s) {
+		parts = append(parts, s[last:])
+	}
+	return parts
+}
