@@ -403,7 +403,11 @@ func (vm *VM) newVCPU(index int, supported []uapi.CPUIDEntry) (_ *vcpu, err erro
 			vm.log.Warn("initial XCR0 not set; the guest starts with XCR0 = 1", "vcpu", index, "err", err)
 		}
 	}
-	if err := c.SetMSRs(bootMSRs()); err != nil {
+	msrs := bootMSRs()
+	if vm.x2apic {
+		msrs = append(msrs, x2APICBaseMSR(index == 0))
+	}
+	if err := c.SetMSRs(msrs); err != nil {
 		return nil, fmt.Errorf("vCPU %d: %w", index, err)
 	}
 	if err := setLocalInterruptPins(c); err != nil {

@@ -39,6 +39,29 @@ func (vm *VM) enableX2APIC() error {
 	return nil
 }
 
+// IA32_APIC_BASE (MSR 0x1b) bits.
+const (
+	msrIA32APICBase = 0x1b
+	apicBaseBSP     = 1 << 8
+	apicBaseX2APIC  = 1 << 10 // EXTD
+	apicBaseEnable  = 1 << 11
+	apicBaseDefault = 0xfee00000
+)
+
+// x2APICBaseMSR starts a vCPU with its local APIC already in x2APIC mode,
+// as firmware does for a machine with APIC IDs above 254 (SeaBIOS, OVMF):
+// Linux parses the MADT before it would switch to x2APIC itself, and while
+// it still runs the xAPIC driver it drops every x2APIC entry above 254 as
+// invalid ("x2apic entry ignored"), so without this the guest never sees
+// those vCPUs. Seeing x2APIC enabled at entry, it keeps x2APIC mode.
+func x2APICBaseMSR(bsp bool) uapi.MSREntry {
+	v := uint64(apicBaseDefault | apicBaseEnable | apicBaseX2APIC)
+	if bsp {
+		v |= apicBaseBSP
+	}
+	return uapi.MSREntry{Index: msrIA32APICBase, Data: v}
+}
+
 // lowAPICCPUs lists, in the guest's CPU numbering (vCPU index: the MADT
 // order), the vCPUs an 8-bit IOAPIC destination reaches.
 func (vm *VM) lowAPICCPUs() string {

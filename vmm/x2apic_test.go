@@ -63,3 +63,9 @@ func TestIRQAffinityForLargeAPICIDs(t *testing.T) {
 	vm.topology, _ = cputopo.Flat(4)
 	assert.Equal(t, "quiet", vm.withIRQAffinity("quiet"), "no x2APIC-only vCPUs: unchanged")
 }
+
+func TestX2APICBaseMSR(t *testing.T) {
+	assert.Equal(t, uint64(0xfee00d00), x2APICBaseMSR(true).Data, "enabled, x2APIC, BSP")
+	assert.Equal(t, uint64(0xfee00c00), x2APICBaseMSR(false).Data)
+	assert.Equal(t, uint32(0x1b), x2APICBaseMSR(false).Index)
+}
