@@ -113,20 +113,7 @@ func (m *msixState) inPBA(off uint64, n int) bool {
 // qword accesses; anything else reads as zero. The bits read are brought
 // up to date first from the eventfds of masked vectors.
 func (m *msixState) readPBA(rel uint64, data []byte) {
-	fill(data, 0)
-	n := uint64(len(data))
-	if (n != 4 && n != 8) || rel%n != 0 || rel+n > msix.PBASize(m.n) {
-		return
-	}
-	for v := int(rel * 8); v < min(int((rel+n)*8), m.n); v++ {
-		m.collectPending(v)
-	}
-	q := m.pending[rel/8]
-	if n == 8 {
-		binary.LittleEndian.PutUint64(data, q)
-	} else {
-		binary.LittleEndian.PutUint32(data, uint32(q>>(8*(rel%8))))
-	}
+	msix.ReadPBA(m.pending, m.n, rel, data, m.collectPending)
 }
 
 // collectPending sets vector v's pending bit if the device signalled it

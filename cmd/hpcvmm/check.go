@@ -49,11 +49,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	g.IntVar(&req.CPUs, "cpus", req.CPUs, "`N`: vCPUs")
 	g.Var(nodeValue{&req.NUMANode}, "numa-node", "host NUMA node; auto: the node of the first device, else the node with the most free hugepages")
 	asJSON := c.group("Output").Bool("json", false, "print the report as JSON")
-	var sysRoot, procRoot string
-	c.hidden(func(fs *pflag.FlagSet) {
-		fs.StringVar(&sysRoot, "sysfs", "/sys", "sysfs root (tests)")
-		fs.StringVar(&procRoot, "procfs", "/proc", "procfs root (tests)")
-	})
+	sysRoot, procRoot := hostRootFlags(c)
 	c.done()
 	if rc := c.parse(args, stdout, stderr); rc >= 0 {
 		return rc
@@ -68,12 +64,12 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		return c.usageError(stderr, "--cpus %d: want 1 or more", req.CPUs)
 	}
 	req.GPUs, req.VFs, req.PageSize = gpus, vfs, uint64(page)
-	if sysRoot == "/sys" {
+	if *sysRoot == "/sys" {
 		// The live host: read InfiniBand VFs' GUIDs over netlink.
 		req.VFIdentity = ibvf.System{}.Identity
 	}
 
-	rep := preflight.Run(host.New(sysRoot, procRoot), req)
+	rep := preflight.Run(host.New(*sysRoot, *procRoot), req)
 	var err error
 	if *asJSON {
 		err = rep.WriteJSON(stdout)
@@ -127,11 +123,7 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 		"hpcvmm devices [--json]")
 	c.footer = "Exit status: 0 listed, 1 the host's PCI devices could not be read, 2 invalid input."
 	asJSON := c.group("Output").Bool("json", false, "print the list as JSON")
-	var sysRoot, procRoot string
-	c.hidden(func(fs *pflag.FlagSet) {
-		fs.StringVar(&sysRoot, "sysfs", "/sys", "sysfs root (tests)")
-		fs.StringVar(&procRoot, "procfs", "/proc", "procfs root (tests)")
-	})
+	sysRoot, procRoot := hostRootFlags(c)
 	c.done()
 	if rc := c.parse(args, stdout, stderr); rc >= 0 {
 		return rc
@@ -139,7 +131,7 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 	if rc := c.noArgs(stderr, ""); rc >= 0 {
 		return rc
 	}
-	h := host.New(sysRoot, procRoot)
+	h := host.New(*sysRoot, *procRoot)
 	devs, err := h.PassthroughDevices()
 	if err != nil {
 		fmt.Fprintf(stderr, "hpcvmm devices: %v\n", err)
@@ -204,4 +196,15 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// hostRootFlags adds the hidden --sysfs and --procfs flags that point a
+// command at a captured or synthetic host tree (tests).
+func hostRootFlags(c *command) (sysRoot, procRoot *string) {
+	sysRoot, procRoot = new(string), new(string)
+	c.hidden(func(fs *pflag.FlagSet) {
+		fs.StringVar(sysRoot, "sysfs", "/sys", "sysfs root (tests)")
+		fs.StringVar(procRoot, "procfs", "/proc", "procfs root (tests)")
+	})
+	return sysRoot, procRoot
 }

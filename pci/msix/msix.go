@@ -201,16 +201,29 @@ func (m *Capability) Read(offset uint64, data []byte) {
 			m.readDword(rel+4, data[4:])
 		}
 	case offset >= m.pbaOff && offset-m.pbaOff < PBASize(m.n):
-		rel := offset - m.pbaOff
-		for v := int(rel * 8); v < min(int((rel+n)*8), m.n); v++ {
-			m.collectPending(v)
-		}
-		q := m.pending[rel/8]
-		if n == 8 {
-			binary.LittleEndian.PutUint64(data, q)
-		} else {
-			binary.LittleEndian.PutUint32(data, uint32(q>>(8*(rel%8))))
-		}
+		ReadPBA(m.pending, m.n, offset-m.pbaOff, data, m.collectPending)
+	}
+}
+
+// ReadPBA serves a guest read of a pending-bit array of vectors entries at
+// rel bytes into it: an aligned dword or qword inside the array, else zeros.
+// collect(v) runs first for every vector the read covers, so a caller can
+// fold in signals that arrived while the vector was masked. It is shared by
+// emulated devices and passed-through ones, whose PBA hpcvmm emulates too.
+func ReadPBA(pending []uint64, vectors int, rel uint64, data []byte, collect func(v int)) {
+	clear(data)
+	n := uint64(len(data))
+	if (n != 4 && n != 8) || rel%n != 0 || rel+n > PBASize(vectors) {
+		return
+	}
+	for v := int(rel * 8); v < min(int((rel+n)*8), vectors); v++ {
+		collect(v)
+	}
+	q := pending[rel/8]
+	if n == 8 {
+		binary.LittleEndian.PutUint64(data, q)
+	} else {
+		binary.LittleEndian.PutUint32(data, uint32(q>>(8*(rel%8))))
 	}
 }
 
