@@ -105,6 +105,10 @@ type GED struct {
 	mu      sync.Mutex
 	pending uint32
 	raise   func()
+	// OnRead, if set, hears each event-register read with the events it
+	// returned (the guest's _EVT ran): evidence in the log that the guest's
+	// ACPI handled a press.
+	OnRead func(events uint32)
 }
 
 // NewGED returns the device; raise injects its interrupt (an edge on its
@@ -131,6 +135,9 @@ func (g *GED) Read(offset uint64, data []byte) {
 	g.pending = 0
 	g.mu.Unlock()
 	data[0], data[1], data[2], data[3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
+	if g.OnRead != nil {
+		g.OnRead(v)
+	}
 }
 
 // Write implements bus.Device: the register is read-only.

@@ -78,6 +78,7 @@ func TestACPIPowerButton(t *testing.T) {
 		assert.Contains(t, vm.Console(), "HPCVMM-GUEST-MARKER power-button-pressed", "the guest's handler ran")
 		log := vm.Log()
 		assert.Contains(t, log, "ACPI power button pressed")
+		assert.Contains(t, log, `guest read the ACPI GED events" events=0x1`, "the guest's _EVT read the press")
 		assert.Contains(t, log, "guest powered off through the ACPI sleep control register (S5)")
 		assert.Less(t, took, 2*time.Minute, "the guest powered off within --shutdown-timeout")
 		env.Record(t, "shutdown_ms", strconv.FormatInt(took.Milliseconds(), 10))
@@ -105,8 +106,12 @@ func TestACPIx2APIC(t *testing.T) {
 		assert.Equal(t, "enabled", g["x2apic"])
 		n1, err := strconv.Atoi(g["msi_cpu1"])
 		require.NoError(t, err, "msi_cpu1=%q", g["msi_cpu1"])
-		assert.Positive(t, n1, "MSIs counted on the vCPU with APIC ID 256 (CPU 0 counted %s)", g["msi_cpu0"])
-		assert.Equal(t, "0", g["msi_cpu0"], "no MSI aimed at APIC ID 256 landed on APIC ID 0")
+		n0, err := strconv.Atoi(g["msi_cpu0"])
+		require.NoError(t, err, "msi_cpu0=%q", g["msi_cpu0"])
+		// One interrupt may be in flight to CPU 0 while the affinity moves;
+		// a mistranslated destination would put them all there.
+		assert.GreaterOrEqual(t, n1, 100, "MSIs counted on the vCPU with APIC ID 256 (CPU 0 counted %d)", n0)
+		assert.LessOrEqual(t, n0, 2, "MSIs aimed at APIC ID 256 that landed on APIC ID 0")
 		log := vm.Log()
 		assert.Contains(t, log, "x2APIC: KVM takes 32-bit APIC IDs")
 		assert.Contains(t, log, "irqaffinity=0")

@@ -34,6 +34,9 @@ func (vm *VM) addACPIDevices() error {
 		}
 		_ = vm.vm.IRQLine(gedGSI, false)
 	})
+	vm.ged.OnRead = func(events uint32) {
+		vm.log.Info("guest read the ACPI GED events", "events", fmt.Sprintf("%#x", events))
+	}
 	return vm.mmio.Register(addrspace.GEDBase, platform.GEDSize, "acpi ged", vm.ged)
 }
 
