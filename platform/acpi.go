@@ -63,8 +63,8 @@ func (p *ACPIPM) Write(offset uint64, data []byte) {
 		return
 	}
 	v := data[0]
-	switch offset {
-	case ACPISleepControlPort - ACPISleepControlPort:
+	switch offset + ACPISleepControlPort {
+	case ACPISleepControlPort:
 		if v&sleepEnable == 0 {
 			return
 		}
@@ -73,7 +73,7 @@ func (p *ACPIPM) Write(offset uint64, data []byte) {
 			return
 		}
 		p.ignored.Add(1)
-	case ACPIResetPort - ACPISleepControlPort:
+	case ACPIResetPort:
 		if v == ACPIResetValue {
 			p.onReset()
 			return
