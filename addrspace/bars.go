@@ -36,6 +36,13 @@ type BAR struct {
 	Index int
 	Kind  BARKind
 	Size  uint64
+	// Prefetchable is the BAR's prefetchable bit. It matters only behind a
+	// bridge, where a 64-bit prefetchable BAR goes in the bridge's 64-bit
+	// prefetchable window and every other memory BAR in its 32-bit one.
+	Prefetchable bool
+	// Behind is the bridge whose secondary side the BAR's device sits on
+	// (PlanHierarchy); nil is the root bus.
+	Behind *Bridge
 }
 
 // minMMIOAlign keeps every memory BAR on its own page so a passthrough BAR
@@ -71,7 +78,19 @@ func (a *Allocator) Alloc(size uint64) (uint64, error) {
 	if bits.OnesCount64(size) != 1 {
 		return 0, fmt.Errorf("addrspace: allocate %#x bytes from %s: size is not a power of two", size, a.name)
 	}
-	align := max(size, a.minAlign)
+	return a.AllocAligned(size, size)
+}
+
+// AllocAligned returns the lowest free address in the window aligned to
+// align (a power of two; the window's minimum alignment applies too) where
+// size bytes fit. Bridge windows need it: their size is a multiple of 1 MiB
+// (4 KiB for I/O) but not a power of two, and their alignment is that of
+// the largest BAR inside.
+func (a *Allocator) AllocAligned(size, align uint64) (uint64, error) {
+	if size == 0 || bits.OnesCount64(align) != 1 {
+		return 0, fmt.Errorf("addrspace: allocate %#x bytes aligned to %#x from %s: want a non-zero size and a power-of-two alignment", size, align, a.name)
+	}
+	align = max(align, a.minAlign)
 	end := a.window.End()
 	at := alignUp(a.window.GPA, align)
 	pos := len(a.used)

@@ -43,6 +43,10 @@ const (
 	// Capability IDs used by this package and its users.
 	CapIDMSIX   = 0x11
 	CapIDVendor = 0x09
+	CapIDPCIe   = 0x10
+
+	// ExtCapIDACS is the Access Control Services extended capability.
+	ExtCapIDACS = 0x000d
 
 	firstCapOffset    = 0x40
 	firstExtCapOffset = 0x100
@@ -259,6 +263,12 @@ func (c *ConfigSpace) AddExtendedCapability(id uint16, version uint8, body []byt
 // SetWriteMask makes the bits set in mask guest-writable at off.
 func (c *ConfigSpace) SetWriteMask(off int, mask []byte) {
 	copy(c.wmask[off:], mask)
+}
+
+// SetW1CMask makes the bits set in mask write-1-to-clear at off (status
+// registers: the device sets them, the guest acknowledges by writing 1).
+func (c *ConfigSpace) SetW1CMask(off int, mask []byte) {
+	copy(c.w1c[off:], mask)
 }
 
 // OnWrite runs fn after every guest write that touches [off, off+n), with the

@@ -280,3 +280,95 @@ func TestFuzzRigReset(t *testing.T) {
 	require.Empty(t, r.dev.mapped)
 	require.Equal(t, msixSink{}, *r.dev.sink)
 }
+
+// FuzzBridgeConfig lets a guest write anything anywhere in a switch
+// hierarchy (bus numbers, windows, command and bridge control registers of
+// every port, endpoint BARs and commands; conf1 and ECAM, any bus), after
+// AssignBuses and AssignBARs set it up as firmware would. Nothing may
+// panic, the ports' read-only identity (header type, port type, link
+// capabilities, ACS capabilities) must hold, and the property real
+// hardware guarantees must too: an endpoint BAR decodes only if every
+// bridge above it has the space enabled and the BAR inside one of its
+// windows, as the guest reads those registers back.
+func FuzzBridgeConfig(f *testing.F) {
+	op := func(bus, dev byte, reg uint16, width byte, v uint32) []byte {
+		b := make([]byte, 10)
+		b[0], b[1], b[4] = bus, dev, width
+		binary.LittleEndian.PutUint16(b[2:], reg)
+		binary.LittleEndian.PutUint32(b[5:], v)
+		b[9] = 0
+		return b
+	}
+	var seed []byte
+	seed = append(seed, op(0, 5, pci.RegPrimaryBus, 4, 0x00201000)...)
+	seed = append(seed, op(0x10, 0, pci.RegMemBase, 4, 0x0000fff0)...)
+	seed = append(seed, op(2, 0, pci.RegCommand, 2, 0)...)
+	seed = append(seed, op(3, 0, pci.RegBAR0, 4, 0xffffffff)...)
+	seed = append(seed, op(0, 6, pci.RegBridgeControl, 2, 0x44)...)
+	f.Add(seed)
+	f.Fuzz(bridgeFuzzBody)
+}
+
+func bridgeFuzzBody(t *testing.T, data []byte) {
+	{
+		r := newSwitchRig(t)
+		require.NoError(t, r.root.AssignBuses())
+		w, err := addrspace.NewWindows(addrspace.PCIHoleStart, 46)
+		require.NoError(t, err)
+		require.NoError(t, r.root.AssignBARs(w))
+		bridges := []*pci.Bridge{r.rp, r.usp, r.dsp0, r.dsp1, r.rp2}
+		parents := map[*testDev][]*pci.Bridge{r.a: {r.dsp0, r.usp, r.rp}, r.b: {r.dsp1, r.usp, r.rp}, r.c: {r.rp2}}
+		for len(data) >= 10 {
+			busNum, dev, reg, width, v, kind := int(data[0]), int(data[1]%32), int(binary.LittleEndian.Uint16(data[2:])&0xfff), int(data[4]), binary.LittleEndian.Uint32(data[5:]), data[9]
+			data = data[10:]
+			var buf [4]byte
+			binary.LittleEndian.PutUint32(buf[:], v)
+			if kind%2 == 0 {
+				r.cfg.WriteBus(busNum, dev, 0, reg, []int{1, 2, 4}[width%3], v)
+			} else {
+				off := uint64(busNum)<<20 | uint64(dev)<<15 | uint64(reg)
+				r.mmio.Write(addrspace.ECAMBase+off, buf[:width%5])
+				r.mmio.Read(addrspace.ECAMBase+off, buf[:width%5])
+			}
+			r.cfg.ReadBus(busNum, dev, 0, reg, 4)
+			for _, b := range bridges {
+				require.Equal(t, uint8(1), b.Uint8(pci.RegHeaderType))
+				p := b.PCIeCapOffset()
+				require.Equal(t, uint16(b.Type())<<4, b.Uint16(p+pci.PCIeCapFlags)&0xf0)
+				require.Equal(t, uint32(0x104), b.Uint32(p+pci.PCIeLinkCap)&0x3ff, "16 GT/s x16")
+				if a := b.ACSCapOffset(); a != 0 {
+					require.Equal(t, uint16(0x203d), b.Uint16(a+4))
+				}
+			}
+			for d, above := range parents {
+				cmd := d.Uint16(pci.RegCommand)
+				for bar, size := range map[int]uint64{0: 4096, 1: 32, 2: 1 << 20, 4: 8192} {
+					addr, mapped := r.root.DeviceBAR(d, bar)
+					if !mapped {
+						continue
+					}
+					io := bar == 1
+					if io {
+						require.NotZero(t, cmd&pci.CommandIO)
+					} else {
+						require.NotZero(t, cmd&pci.CommandMemory)
+					}
+					for _, b := range above {
+						bcmd := b.Uint16(pci.RegCommand)
+						if io {
+							require.NotZero(t, bcmd&pci.CommandIO, "I/O BAR decodes below a bridge with I/O off")
+							lo, hi, ok := b.IOWindow()
+							require.True(t, ok && addr >= lo && addr+size-1 <= hi, "I/O BAR %#x outside [%#x, %#x]", addr, lo, hi)
+							continue
+						}
+						require.NotZero(t, bcmd&pci.CommandMemory, "memory BAR decodes below a bridge with memory off")
+						lo, hi, ok := b.MemWindow()
+						plo, phi, pok := b.PrefWindow()
+						require.True(t, (ok && addr >= lo && addr+size-1 <= hi) || (pok && addr >= plo && addr+size-1 <= phi),
+							"BAR%d at %#x outside [%#x, %#x] and [%#x, %#x]", bar, addr, lo, hi, plo, phi)
+					}
+				}
+			}
+		}
+	}
+}

@@ -1,26 +1,32 @@
 // Package pci is hpcvmm's PCI root complex: a host bridge on bus 0 with
-// endpoints at slots 1-31, configuration access through mechanism #1 (ports
-// 0xcf8-0xcff) and ECAM (MMCONFIG), BAR sizing and decode the way firmware
-// and Linux expect, initial BAR placement (there is no firmware, and Linux
-// keeps BARs it finds assigned, by addrspace.Plan) and capability lists. The
+// endpoints at slots 1-31, PCIe ports (Bridge: root ports, switch upstream
+// and downstream ports, type-1 headers with bus numbers, windows, a PCIe
+// capability and ACS) with the buses below them, configuration access
+// through mechanism #1 (ports 0xcf8-0xcff) and ECAM (MMCONFIG), routed to
+// other buses the way type-1 cycles travel through the bridges' bus number
+// registers as the guest programs them, BAR sizing and decode the way
+// firmware and Linux expect (behind a bridge, only inside its windows with
+// decode enabled), initial bus numbering and BAR placement (there is no
+// firmware, and Linux keeps consistent assignments it finds; BARs and
+// bridge windows by addrspace.PlanHierarchy) and capability lists. The
 // MSI-X capability is package pci/msix; interrupt delivery is package irq.
 //
-// Linux discovers ECAM only through an ACPI MCFG table, which hpcvmm does not
-// build yet, so today's guests use configuration mechanism #1 and see the
-// 256-byte conventional space. The ECAM window is implemented and serves the
-// full 4 KiB extended space; once an MCFG table (and an e820/ACPI reservation
-// of the window) exists, registering Root.ECAM() at addrspace.ECAMBase is all it takes.
+// The ECAM window serves the full 4 KiB extended space (the ports' ACS
+// capability lives there); the VM registers Root.ECAM() at
+// addrspace.ECAMBase and describes it in the ACPI MCFG table.
 //
 // The Root registers BAR ranges on the MMIO and port-I/O address spaces while
 // the guest programs them (sizing, moving, toggling decode in the command
-// register). Those changes happen on a vCPU thread during a configuration
-// access, so the address spaces given to NewRoot must tolerate Register and
-// Unregister concurrently with dispatch on other vCPUs.
+// register, reprogramming a bridge above). Those changes happen on a vCPU
+// thread during a configuration access, so the address spaces given to
+// NewRoot must tolerate Register and Unregister concurrently with dispatch
+// on other vCPUs.
 package pci
 
 import (
 	"encoding/binary"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/hpcvmm/hpcvmm/addrspace"
@@ -77,25 +83,36 @@ type RootConfig struct {
 }
 
 type barState struct {
-	kind    BARKind
-	size    uint64
-	handler bus.Device
-	mapped  bool   // decoding and registered
-	base    uint64 // where it is registered
+	kind     BARKind
+	prefetch bool
+	size     uint64
+	handler  bus.Device
+	mapped   bool   // decoding and registered
+	base     uint64 // where it is registered
 }
 
 type slot struct {
 	dev  Device
 	name string
 	bars [NumBARs]barState
+	// bridge is dev as a *Bridge (nil for endpoints): the Root reads its
+	// bus numbers and windows directly, without an interface call, so
+	// routing a configuration access allocates nothing.
+	bridge *Bridge
+	// parent is the bridge slot whose secondary bus this slot is on, nil
+	// on bus 0; children are the slots on this bridge's secondary bus.
+	parent   *slot
+	children [NumSlots]*slot
 }
 
-// Root is the PCI root complex: bus 0 with a host bridge at 00:00.0.
+// Root is the PCI root complex: bus 0 with a host bridge at 00:00.0, and
+// the buses below PCIe ports (Bridge) added to it.
 type Root struct {
 	mu    sync.Mutex
 	cfg   RootConfig
 	addr  uint32 // mechanism #1 CONFIG_ADDRESS
 	slots [NumSlots]*slot
+	byDev map[Device]*slot
 }
 
 // HostBridgeID is the host bridge's vendor:device: Red Hat's generic PCIe
@@ -108,28 +125,77 @@ const (
 
 // NewRoot returns a root complex with its host bridge at slot 0.
 func NewRoot(cfg RootConfig) *Root {
-	r := &Root{cfg: cfg}
+	r := &Root{cfg: cfg, byDev: map[Device]*slot{}}
 	hb := NewConfigSpace(Header{VendorID: HostBridgeVendor, DeviceID: HostBridgeDevice, Class: 0x060000})
 	r.slots[0] = &slot{dev: hb, name: "00:00.0 host bridge"}
 	return r
 }
 
 // AddDevice places dev at bus 0, slot (1-31), function 0 and probes its BARs
-// with the sizing protocol, as firmware would. name labels bus ranges.
+// with the sizing protocol, as firmware would. name labels bus ranges. A
+// *Bridge added here is a root port (or any port) with its own bus below.
 func (r *Root) AddDevice(slotNum int, name string, dev Device) error {
+	return r.AddDeviceBelow(nil, slotNum, name, dev)
+}
+
+// AddDeviceBelow places dev at device slotNum, function 0, of the secondary
+// bus of parent, a bridge already added (nil: bus 0, as AddDevice). Below a
+// root or downstream port the slot must be 0: Linux scans only device 0
+// behind them (one device per link). Below an upstream port, slots 0-31
+// hold its downstream ports.
+func (r *Root) AddDeviceBelow(parent *Bridge, slotNum int, name string, dev Device) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if slotNum < 1 || slotNum >= NumSlots {
-		return fmt.Errorf("pci: add %s at slot %d: slot must be 1-%d (0 is the host bridge)", name, slotNum, NumSlots-1)
+	if dev == nil {
+		return fmt.Errorf("pci: add %s: nil device", name)
 	}
-	if r.slots[slotNum] != nil {
-		return fmt.Errorf("pci: add %s at slot %d: slot taken by %s", name, slotNum, r.slots[slotNum].name)
+	if _, dup := r.byDev[dev]; dup {
+		return fmt.Errorf("pci: add %s: device already added", name)
 	}
-	s := &slot{dev: dev, name: fmt.Sprintf("00:%02x.0 %s", slotNum, name)}
+	table, prefix := &r.slots, "00:"
+	var ps *slot
+	if parent == nil {
+		if slotNum < 1 || slotNum >= NumSlots {
+			return fmt.Errorf("pci: add %s at slot %d: slot must be 1-%d (0 is the host bridge)", name, slotNum, NumSlots-1)
+		}
+	} else {
+		ps = r.byDev[parent]
+		if ps == nil {
+			return fmt.Errorf("pci: add %s below a bridge that is not on this root", name)
+		}
+		if parent.Type().hasSlot() && slotNum != 0 {
+			return fmt.Errorf("pci: add %s at slot %d below %s (%s): a root or downstream port has one device, at slot 0", name, slotNum, ps.name, parent.Type())
+		}
+		if slotNum < 0 || slotNum >= NumSlots {
+			return fmt.Errorf("pci: add %s at slot %d below %s: slot must be 0-%d", name, slotNum, ps.name, NumSlots-1)
+		}
+		if parent.Type() == UpstreamPort {
+			if b, ok := dev.(*Bridge); !ok || b.Type() != DownstreamPort {
+				return fmt.Errorf("pci: add %s below %s: only downstream ports sit below a switch upstream port", name, ps.name)
+			}
+		}
+		table, prefix = &ps.children, ps.loc()+"/"
+	}
+	if table[slotNum] != nil {
+		return fmt.Errorf("pci: add %s at slot %d: slot taken by %s", name, slotNum, table[slotNum].name)
+	}
+	s := &slot{dev: dev, parent: ps, name: fmt.Sprintf("%s%02x.0 %s", prefix, slotNum, name)}
+	if b, ok := dev.(*Bridge); ok {
+		s.bridge = b
+	}
 	probeBARs(s)
-	r.slots[slotNum] = s
+	table[slotNum] = s
+	r.byDev[dev] = s
 	r.update(s)
 	return nil
+}
+
+// loc returns the slot's location without its label: "00:0a.0" on bus 0,
+// "00:0a.0/00.0" for device 0 below the root port at 00:0a.0. Bus numbers
+// below bridges are the guest's to change, so names use the path.
+func (s *slot) loc() string {
+	name, _, _ := strings.Cut(s.name, " ")
+	return name
 }
 
 func cfgRead32(d Device, off uint32) uint32 {
@@ -163,7 +229,7 @@ func probeBARs(s *slot) {
 	d := s.dev
 	cmd := cfgRead16(d, RegCommand)
 	cfgWrite16(d, RegCommand, cmd&^(CommandIO|CommandMemory))
-	for i := 0; i < NumBARs; i++ {
+	for i := 0; i < numBARs(s); i++ {
 		off := uint32(RegBAR0 + 4*i)
 		orig := cfgRead32(d, off)
 		cfgWrite32(d, off, 0xffffffff)
@@ -191,14 +257,25 @@ func probeBARs(s *slot) {
 			mask := uint64(hi)<<32 | uint64(v&^0xf)
 			st.kind = BARMem64
 			st.size = ^mask + 1
+			st.prefetch = v&0x8 != 0
 			s.bars[i+1].kind = barMem64Upper
 			i++
 			continue
 		}
 		st.kind = BARMem32
 		st.size = uint64(^(v &^ 0xf) + 1)
+		st.prefetch = v&0x8 != 0
 	}
 	cfgWrite16(d, RegCommand, cmd)
+}
+
+// numBARs is 2 for a bridge, whose registers from 0x18 on are bus numbers
+// and windows, 6 for an endpoint.
+func numBARs(s *slot) int {
+	if s.bridge != nil {
+		return 2
+	}
+	return NumBARs
 }
 
 // barAddr returns the address BAR i of s is programmed to.
@@ -232,7 +309,7 @@ func (r *Root) update(s *slot) {
 			enabled = cmd&CommandIO != 0
 		}
 		addr := barAddr(s, i)
-		want := enabled && addr != 0 && addr+st.size > addr
+		want := enabled && addr != 0 && addr+st.size > addr && r.forwarded(s, st.kind == BARIO, addr, st.size)
 		if want == st.mapped && (!want || addr == st.base) {
 			continue
 		}
@@ -265,6 +342,33 @@ func (r *Root) update(s *slot) {
 	}
 }
 
+// forwarded reports whether every bridge above s passes accesses to [addr,
+// addr+size) down to it: real hardware forwards only inside the windows of
+// a bridge with the space enabled, so a BAR outside them does not decode
+// (the guest sees all ones), and this Root does the same.
+func (r *Root) forwarded(s *slot, io bool, addr, size uint64) bool {
+	for p := s.parent; p != nil; p = p.parent {
+		if !p.bridge.forwards(io, addr, size) {
+			return false
+		}
+	}
+	return true
+}
+
+// updateBelow re-evaluates the BAR decode of everything below bridge slot
+// s, after the guest changed its windows or command register.
+func (r *Root) updateBelow(s *slot) {
+	for _, c := range s.children {
+		if c == nil {
+			continue
+		}
+		r.update(c)
+		if c.bridge != nil {
+			r.updateBelow(c)
+		}
+	}
+}
+
 func (r *Root) report(err error) {
 	if r.cfg.OnError != nil {
 		r.cfg.OnError(err)
@@ -273,11 +377,37 @@ func (r *Root) report(err error) {
 
 // lookup returns the slot for bus/device/function, or nil when nothing is
 // there (reads as all ones, as an absent function does on real hardware).
+// Buses other than 0 are found the way type-1 cycles travel: from bus 0
+// into the bridge whose [secondary, subordinate] range holds the bus, down
+// until a bridge's secondary bus is the target, where the cycle becomes a
+// type-0 access to device dev. Siblings with overlapping ranges (a guest
+// programming error) resolve to the lowest device number. Each step goes
+// one level down a finite tree, so the walk ends.
 func (r *Root) lookup(busNum, dev, fn uint32) *slot {
-	if busNum != 0 || fn != 0 || dev >= NumSlots {
+	if fn != 0 || dev >= NumSlots || busNum > 0xff {
 		return nil
 	}
-	return r.slots[dev]
+	if busNum == 0 {
+		return r.slots[dev]
+	}
+	b := uint8(busNum)
+	table := &r.slots
+	for {
+		var next *slot
+		for _, s := range table {
+			if s != nil && s.bridge != nil && s.bridge.routes(b) {
+				next = s
+				break
+			}
+		}
+		if next == nil {
+			return nil
+		}
+		if next.bridge.SecondaryBus() == b {
+			return next.children[dev]
+		}
+		table = &next.children
+	}
 }
 
 func (r *Root) configRead(busNum, dev, fn, reg uint32, data []byte) {
@@ -298,6 +428,9 @@ func (r *Root) configWrite(busNum, dev, fn, reg uint32, data []byte) {
 	}
 	s.dev.ConfigWrite(reg, data)
 	r.update(s)
+	if s.bridge != nil {
+		r.updateBelow(s)
+	}
 }
 
 // ConfigIO returns the mechanism #1 device for the port-I/O bus at
@@ -405,12 +538,49 @@ func (e ecam) Write(offset uint64, data []byte) {
 	e.r.configWrite(busNum, dev, fn, reg, data)
 }
 
-// AssignBARs places every unassigned BAR of the added devices in the
-// guest's windows by addrspace.Plan (largest first, each at the lowest free
-// naturally aligned address of its window: the rule preflight predicts
-// with), then enables decode for the spaces each device uses, as firmware
-// does; Linux keeps these assignments. Call it once after adding devices,
-// before the guest runs.
+// AssignBuses numbers the buses below every bridge depth-first in slot
+// order, as firmware does (each bridge's secondary bus is the next free
+// number, its subordinate the highest number below it), so Linux finds a
+// consistent hierarchy and keeps it. Call it once after adding devices,
+// before AssignBARs and before the guest runs.
+func (r *Root) AssignBuses() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	next := 1
+	var walk func(table *[NumSlots]*slot, busNum int) error
+	walk = func(table *[NumSlots]*slot, busNum int) error {
+		for _, s := range table {
+			if s == nil || s.bridge == nil {
+				continue
+			}
+			if next > 0xff {
+				return fmt.Errorf("pci: assign buses: %s needs bus %d, beyond 255", s.name, next)
+			}
+			sec := next
+			next++
+			// Open the range while numbering below, as firmware does, so the
+			// bridge routes to its subtree's buses from the start.
+			s.bridge.SetBusNumbers(uint8(busNum), uint8(sec), 0xff)
+			if err := walk(&s.children, sec); err != nil {
+				return err
+			}
+			s.bridge.SetBusNumbers(uint8(busNum), uint8(sec), uint8(next-1))
+		}
+		return nil
+	}
+	return walk(&r.slots, 0)
+}
+
+// AssignBARs places BARs in the guest's windows by addrspace.PlanHierarchy
+// and enables decode, as firmware does; Linux keeps these assignments. On
+// bus 0, every unassigned BAR is placed as addrspace.Plan places it
+// (largest first, each at the lowest free naturally aligned address: the
+// rule preflight predicts with). Below bridges every BAR is placed, inside
+// windows sized to hold them (64-bit prefetchable BARs in the 64-bit
+// prefetchable window, other memory BARs in the 32-bit window), and every
+// bridge's windows are programmed and its memory/I/O decode and bus
+// mastering enabled, so a guest kernel never needs pci=realloc. Call it once
+// after adding devices and AssignBuses, before the guest runs.
 func (r *Root) AssignBARs(w addrspace.Windows) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -420,37 +590,62 @@ func (r *Root) AssignBARs(w addrspace.Windows) error {
 	}
 	var refs []ref
 	var reqs []addrspace.BAR
-	for _, s := range r.slots[1:] {
-		if s == nil {
-			continue
-		}
-		for i, st := range s.bars {
-			if st.kind == BARNone || st.kind == barMem64Upper || barAddr(s, i) != 0 {
+	var bridges []*addrspace.Bridge
+	var bslots []*slot
+	var walk func(table *[NumSlots]*slot, behind *addrspace.Bridge)
+	walk = func(table *[NumSlots]*slot, behind *addrspace.Bridge) {
+		for n, s := range table {
+			if s == nil || (behind == nil && n == 0) { // the host bridge
 				continue
 			}
-			kind := addrspace.Mem32
-			switch st.kind {
-			case BARMem64:
-				kind = addrspace.Mem64
-			case BARIO:
-				kind = addrspace.IO
+			for i, st := range s.bars {
+				if st.kind == BARNone || st.kind == barMem64Upper || (behind == nil && barAddr(s, i) != 0) {
+					continue
+				}
+				kind := addrspace.Mem32
+				switch st.kind {
+				case BARMem64:
+					kind = addrspace.Mem64
+				case BARIO:
+					kind = addrspace.IO
+				}
+				refs = append(refs, ref{s, i})
+				reqs = append(reqs, addrspace.BAR{Owner: s.name, Index: i, Kind: kind, Size: st.size, Prefetchable: st.prefetch, Behind: behind})
 			}
-			refs = append(refs, ref{s, i})
-			reqs = append(reqs, addrspace.BAR{Owner: s.name, Index: i, Kind: kind, Size: st.size})
+			if s.bridge != nil {
+				ab := &addrspace.Bridge{Name: s.name, Parent: behind}
+				bridges = append(bridges, ab)
+				bslots = append(bslots, s)
+				walk(&s.children, ab)
+			}
 		}
 	}
-	addrs, err := addrspace.Plan(w, reqs)
+	walk(&r.slots, nil)
+	layout, err := addrspace.PlanHierarchy(w, bridges, reqs)
 	if err != nil {
 		return fmt.Errorf("pci: assign BARs: %w", err)
+	}
+	for i, ab := range bridges {
+		bw := layout.Windows[ab]
+		b := bslots[i].bridge
+		b.SetWindows(bw)
+		cmd := b.Uint16(RegCommand) | CommandBusMaster
+		if bw.Mem.Size != 0 || bw.Pref.Size != 0 {
+			cmd |= CommandMemory
+		}
+		if bw.IO.Size != 0 {
+			cmd |= CommandIO
+		}
+		b.SetUint16(RegCommand, cmd)
 	}
 	touched := map[*slot]uint16{}
 	for i, q := range refs {
 		off := uint32(RegBAR0 + 4*q.bar)
-		cfgWrite32(q.s.dev, off, uint32(addrs[i]))
+		cfgWrite32(q.s.dev, off, uint32(layout.BARs[i]))
 		bit := uint16(CommandMemory)
 		switch reqs[i].Kind {
 		case addrspace.Mem64:
-			cfgWrite32(q.s.dev, off+4, uint32(addrs[i]>>32))
+			cfgWrite32(q.s.dev, off+4, uint32(layout.BARs[i]>>32))
 		case addrspace.IO:
 			bit = CommandIO
 		}
@@ -459,9 +654,52 @@ func (r *Root) AssignBARs(w addrspace.Windows) error {
 	for s, bits := range touched {
 		cmd := cfgRead16(s.dev, RegCommand)
 		cfgWrite16(s.dev, RegCommand, cmd|bits)
-		r.update(s)
+	}
+	for _, s := range r.slots {
+		if s != nil {
+			r.update(s)
+			if s.bridge != nil {
+				r.updateBelow(s)
+			}
+		}
 	}
 	return nil
+}
+
+// Location returns the bus and device number where dev answers
+// configuration cycles now: its parent bridge's secondary bus as the guest
+// (or AssignBuses) programmed it, 0 on bus 0.
+func (r *Root) Location(dev Device) (busNum, slotNum uint8, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.byDev[dev]
+	if s == nil {
+		return 0, 0, false
+	}
+	table := &r.slots
+	if s.parent != nil {
+		busNum = s.parent.bridge.SecondaryBus()
+		table = &s.parent.children
+	}
+	for i, c := range table {
+		if c == s {
+			return busNum, uint8(i), true
+		}
+	}
+	return 0, 0, false
+}
+
+// DeviceBAR reports where BAR bar of dev (on any bus) is programmed and
+// whether it decodes there (registered: enabled, and forwarded by every
+// bridge above), for diagnostics and tests.
+func (r *Root) DeviceBAR(dev Device, bar int) (addr uint64, mapped bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.byDev[dev]
+	if s == nil || bar < 0 || bar >= NumBARs {
+		return 0, false
+	}
+	return s.bars[bar].base, s.bars[bar].mapped
 }
 
 // BARAddress reports where BAR bar of the device at slotNum is programmed and

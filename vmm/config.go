@@ -87,13 +87,19 @@ type Config struct {
 	// Topology is how the guest's CPU topology relates to the host's:
 	// TopologyHost (the default) mirrors the pinned host CPUs' threads,
 	// cores, shared caches and packages; TopologyFlat gives n
-	// single-thread cores in one package.
+	// single-thread cores in one package. It also lays out the
+	// passthrough devices: host puts devices that share a PCIe switch on
+	// the host behind one emulated switch and the others behind their own
+	// root ports, flat puts them all on bus 0 (vmm/topology.go).
 	Topology TopologyKind
 	// APICIDs, when set, gives vCPU i the APIC ID APICIDs[i] (one package
 	// of single-thread cores) instead of a Topology-derived one: sparse and
 	// large IDs (above 254: x2APIC) without hundreds of vCPUs, for tests.
 	// Needs ACPI; len must equal CPUs and the first must be 0.
 	APICIDs []uint32
+	// NCCLTopoFile, if set, receives the guest's PCI tree as an NCCL
+	// topology file (NCCL_TOPO_FILE) with the guest's bus IDs.
+	NCCLTopoFile string
 	// SysfsRoot and ProcfsRoot let tests point host discovery at a captured
 	// tree; empty means /sys and /proc.
 	SysfsRoot, ProcfsRoot string

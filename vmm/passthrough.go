@@ -93,6 +93,8 @@ type passthrough struct {
 	ctr     *iommu.Container
 	kv      *vfio.KVMVFIO
 	pcidevs []*vfio.PCIDevice
+	// topo is where the devices sit in the guest's PCI tree (topology.go).
+	topo ptTopology
 }
 
 // checkPassthrough runs the host-side checks for every device before
@@ -135,6 +137,9 @@ func (vm *VM) checkPassthrough(h *host.Host) (node int, err error) {
 		pt.bound = append(pt.bound, bound)
 	}
 	vm.pt = pt
+	if err := vm.planPCITopology(h); err != nil {
+		return -1, err
+	}
 	return pt.devs[0].NUMANode, nil
 }
 
@@ -205,7 +210,10 @@ func (vm *VM) mpOptions() boot.MPOptions {
 	const pciBusID, isaBusID = 0, 1
 	opts := boot.MPOptions{ISABus: isaBusID, Buses: []boot.MPBus{{ID: pciBusID, Type: "PCI"}}}
 	for i := range vm.pt.devs {
-		slot := firstPassthroughSlot + i
+		// A device behind a port interrupts through its root port's slot:
+		// Linux swizzles INTx up to bus 0 when the MP table has no entry
+		// for the secondary bus.
+		slot := vm.pt.topo.rootSlot[i]
 		opts.Interrupts = append(opts.Interrupts, boot.MPInterrupt{
 			Type: boot.MPIntINT, Flags: boot.MPPolarityActiveLow | boot.MPTriggerLevel,
 			SrcBus: pciBusID, SrcIRQ: uint8(slot << 2), DstPin: intxPin(slot),
@@ -284,9 +292,13 @@ func (vm *VM) addPassthroughDevices() error {
 // from giving the device back to its driver).
 func (vm *VM) addPassthroughFiles(files []vfio.DeviceFile, p2p vfio.P2PMapper) error {
 	pt := vm.pt
+	if err := vm.addPorts(); err != nil {
+		closeDeviceFiles(files)
+		return err
+	}
 	for i, f := range files {
 		dev, sp := pt.devs[i], pt.specs[i]
-		slot := firstPassthroughSlot + i
+		slot := pt.topo.rootSlot[i]
 		pd, err := vfio.NewPCIDevice(f, vfio.Config{
 			Name:   dev.BDF.String(),
 			Router: vm.irq, INTx: vm.irq, INTxGSI: uint32(intxPin(slot)),
@@ -310,7 +322,7 @@ func (vm *VM) addPassthroughFiles(files []vfio.DeviceFile, p2p vfio.P2PMapper) e
 			closeDeviceFiles(files[i+1:])
 			return err
 		}
-		if err := vm.pci.AddDevice(slot, dev.BDF.String(), pd); err != nil {
+		if err := vm.attachPassthrough(i, dev.BDF.String(), pd); err != nil {
 			closeDeviceFiles(files[i+1:])
 			return err
 		}

@@ -116,8 +116,11 @@ func TestAddPassthroughFilesClosesEveryFileOnFailure(t *testing.T) {
 		pt.specs = append(pt.specs, vfio.Spec{BDF: host.BDF{Bus: 1, Device: uint8(i)}, Clique: -1})
 		pt.devs = append(pt.devs, &host.Device{BDF: host.BDF{Bus: 1, Device: uint8(i)}})
 	}
+	plan, err := flatPlan(pt.devs, []string{"a", "b", "c"})
+	require.NoError(t, err)
+	pt.topo = ptTopology{plan: plan, rootSlot: rootSlots(plan)}
 	vm := &VM{log: log, pt: pt, pci: root}
-	err := vm.addPassthroughFiles(dfs, nil)
+	err = vm.addPassthroughFiles(dfs, nil)
 	require.ErrorContains(t, err, "slot taken")
 	require.Len(t, pt.pcidevs, 1, "the first device was built before AddDevice refused it")
 	require.NoError(t, vm.closePassthrough())

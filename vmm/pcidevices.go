@@ -94,6 +94,9 @@ func assignBARs(root *pci.Root, memory uint64, physBits int) (addrspace.Windows,
 	if err != nil {
 		return w, err
 	}
+	if err := root.AssignBuses(); err != nil {
+		return w, err
+	}
 	if err := root.AssignBARs(w); err != nil {
 		return w, barSpaceError(err, physBits)
 	}

@@ -295,6 +295,9 @@ func New(cfg Config) (_ *VM, err error) {
 	if err := vm.addPCI(physAddrBits(supported)); err != nil {
 		return nil, fmt.Errorf("PCI: %w", err)
 	}
+	if err := vm.writeNCCLTopology(supported); err != nil {
+		return nil, err
+	}
 	params := boot.Params{Kernel: kernel, Initrd: initrd, Cmdline: cfg.Cmdline, RAM: ram, CPUs: cfg.CPUs, MP: vm.mpOptions()}
 	if !cfg.NoACPI {
 		if params.ACPI, err = vm.acpiTables(vm.windows); err != nil {

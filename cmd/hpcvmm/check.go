@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/ibvf"
+	"github.com/hpcvmm/hpcvmm/pcitopo"
 	"github.com/hpcvmm/hpcvmm/vmm"
 	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
@@ -69,12 +71,16 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		req.VFIdentity = ibvf.System{}.Identity
 	}
 
-	rep := preflight.Run(host.New(*sysRoot, *procRoot), req)
+	h := host.New(*sysRoot, *procRoot)
+	rep := preflight.Run(h, req)
 	var err error
 	if *asJSON {
 		err = rep.WriteJSON(stdout)
 	} else {
 		err = rep.WriteTable(stdout)
+		if err == nil && len(gpus)+len(vfs) > 0 {
+			err = writeGuestTree(stdout, h, gpus, vfs)
+		}
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "hpcvmm check: write report: %v\n", err)
@@ -84,6 +90,34 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// writeGuestTree prints the guest PCI tree hpcvmm run builds for the
+// devices with the default --topology host, or why it cannot be known.
+func writeGuestTree(w io.Writer, h *host.Host, gpus, vfs []string) error {
+	var names []string
+	var bdfs []host.BDF
+	var err error
+	for i, s := range append(append([]string(nil), gpus...), vfs...) {
+		b, perr := host.ParseBDF(s)
+		err = errors.Join(err, perr)
+		bdfs = append(bdfs, b)
+		names = append(names, map[bool]string{true: "gpu", false: "vf"}[i < len(gpus)])
+	}
+	var plan *pcitopo.Plan
+	if err == nil {
+		var devs []pcitopo.Device
+		var links map[host.BDF]host.PCILink
+		if devs, links, err = pcitopo.FromHost(h, names, bdfs); err == nil {
+			plan, err = pcitopo.New(pcitopo.Host, devs, links, vmm.PassthroughSlots())
+		}
+	}
+	if err != nil {
+		_, err = fmt.Fprintf(w, "\nguest PCI tree: unknown: %v\n", err)
+		return err
+	}
+	_, err = fmt.Fprintf(w, "\nguest PCI tree (hpcvmm run --topology host):\n%s", plan)
+	return err
 }
 
 // deviceRow is one device in `hpcvmm devices --json`.

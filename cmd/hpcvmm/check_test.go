@@ -56,6 +56,9 @@ func TestCheckFixture(t *testing.T) {
 	assert.Contains(t, out, "no NUMA information (numa_node -1)")
 	assert.Contains(t, out, "3 64-bit BARs (128.0G)")
 	assert.Contains(t, out, "fix: echo 16 > /sys/devices/system/node/node0/hugepages/hugepages-1048576kB/nr_hugepages")
+	// The guest tree run builds: the H100, on its host's root bus, behind a
+	// root port of its own that reports the GPU's 32 GT/s x16.
+	assert.Contains(t, out, "guest PCI tree (hpcvmm run --topology host):\n[0000:00] host bridge (--topology host)\n \\-00:0a.0 root port [01] 32.0 GT/s PCIe x16\n   \\-01:00.0 gpu host 0000:00:06.0 [10de:2330] class 030200 32.0 GT/s PCIe x16\n")
 
 	rc, out, _ = runCLI(check, "--sysfs", checkFixture, "--procfs", "/nonexistent", "--gpu", "00:06.0", "--json")
 	assert.Equal(t, 1, rc)

@@ -41,7 +41,7 @@ func newRunCommand() (*command, *runFlags) {
 		"[--numa-node N|auto] [--cpu-list LIST] [--allow-cross-numa]",
 		"[--gpu BDF[,clique=N]|slurm]... [--vf BDF|slurm[,IB-OPTIONS]]...",
 		"[--bind] [--p2p=false]",
-		"[--net tap=NAME[,mac=MAC][,queues=N][,vhost=on|off]]...",
+		"[--net tap=NAME[,mac=MAC][,queues=N][,vhost=on|off]]... [--nccl-topo FILE]",
 		"[--console virtio|serial|none] [--log-level debug|info|warn|error]",
 		"[--acpi on|off] [--topology host|flat] [--shutdown-timeout DURATION]")
 	c.footer = runFooter
@@ -59,7 +59,7 @@ func newRunCommand() (*command, *runFlags) {
 	g.Var(nodeValue{&f.cfg.NUMANode}, "numa-node", "host NUMA node for guest RAM and vCPUs; auto: the first passthrough device's node, else the node with the most free hugepages")
 	g.Var(cpuListValue{&f.cfg.CPUList}, "cpu-list", "exact host CPUs for the vCPUs, e.g. 4-7 or 4,6,8; vCPU i runs on the i-th (default: the node's CPUs)")
 	g.BoolVar(&f.cfg.AllowCrossNUMA, "allow-cross-numa", false, "accept a --cpu-list that spans NUMA nodes")
-	g.Var(topologyValue{&f.cfg.Topology}, "topology", "host: vCPUs on SMT siblings are threads of one guest core, vCPUs on cores sharing an L3 share one in the guest; flat: single-thread cores in one package")
+	g.Var(topologyValue{&f.cfg.Topology}, "topology", "host: vCPUs on SMT siblings are threads of one guest core, vCPUs on cores sharing an L3 share one in the guest, passthrough devices that share a PCIe switch on the host sit behind one emulated switch, the others behind their own root ports; flat: single-thread cores in one package, devices on bus 0")
 
 	g = c.group("Devices")
 	addPassthroughFlags(g, &f.cfg.Passthrough)
@@ -71,6 +71,8 @@ func newRunCommand() (*command, *runFlags) {
 		f.cfg.Nets = append(f.cfg.Nets, n)
 		return nil
 	})
+
+	g.StringVar(&f.cfg.NCCLTopoFile, "nccl-topo", "", "`FILE`: write the guest's PCI tree of the passthrough devices as an NCCL topology file (NCCL_TOPO_FILE), with the guest's bus IDs")
 
 	g = c.group("Console and logging")
 	g.Var(consoleValue{&f.cfg.Console}, "console", "where stdin/stdout go: virtio (guest /dev/hvc0), serial (the 16550 UART, guest ttyS0) or none; the UART always prints early boot messages")

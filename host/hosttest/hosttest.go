@@ -250,3 +250,34 @@ func (tr *Tree) RDMADevice(bdf, dev, linkLayer string) {
 	tr.t.Helper()
 	tr.Write(fmt.Sprintf("sys/bus/pci/devices/%s/infiniband/%s/ports/1/link_layer", bdf, dev), linkLayer+"\n")
 }
+
+// AddDeviceUnder creates d the way the kernel lays out a function below
+// PCIe ports: its directory at sys/devices/pciDDDD:BB/<ancestors...>/<BDF>
+// (ancestors are BDFs from the root port down, each added before, with
+// AddDeviceUnder, if the test reads them) and sys/bus/pci/devices/<BDF> a
+// symlink to it, so the device's realpath shows its upstream bridges. With
+// no ancestors the device is on the root bus.
+func (tr *Tree) AddDeviceUnder(d Device, ancestors ...string) {
+	tr.t.Helper()
+	top := d.BDF
+	if len(ancestors) > 0 {
+		top = ancestors[0]
+	}
+	rc := "pci" + top[:7] // "0000:00" of "0000:00:01.0"
+	rel := "sys/devices/" + rc + "/" + strings.Join(append(append([]string(nil), ancestors...), d.BDF), "/")
+	tr.mkdir(rel)
+	tr.Symlink("sys/bus/pci/devices/"+d.BDF, "../../../devices/"+strings.TrimPrefix(rel, "sys/devices/"))
+	tr.AddDevice(d)
+}
+
+// Link writes function bdf's max_link_speed/max_link_width (speed as the
+// kernel writes it, e.g. "16.0 GT/s PCIe") and current_link_speed/width
+// (the same: a fully trained link).
+func (tr *Tree) Link(bdf, speed string, width int) {
+	tr.t.Helper()
+	dir := "sys/bus/pci/devices/" + bdf
+	tr.Write(dir+"/max_link_speed", speed+"\n")
+	tr.Write(dir+"/current_link_speed", speed+"\n")
+	tr.Write(dir+"/max_link_width", fmt.Sprintf("%d\n", width))
+	tr.Write(dir+"/current_link_width", fmt.Sprintf("%d\n", width))
+}

@@ -19,19 +19,26 @@ func conf1Addr(dev, fn, reg int) uint32 {
 }
 
 // Read reads n (1, 2, 4) bytes at reg of 00:dev.fn.
-func (c Conf1) Read(dev, fn, reg, n int) uint32 {
+func (c Conf1) Read(dev, fn, reg, n int) uint32 { return c.ReadBus(0, dev, fn, reg, n) }
+
+// Write writes the low n bytes of v at reg of 00:dev.fn.
+func (c Conf1) Write(dev, fn, reg, n int, v uint32) { c.WriteBus(0, dev, fn, reg, n, v) }
+
+// ReadBus reads n (1, 2, 4) bytes at reg of bus:dev.fn: a type-1 cycle
+// when bus is not 0, routed through the bridges as the guest numbered them.
+func (c Conf1) ReadBus(bus, dev, fn, reg, n int) uint32 {
 	var a [4]byte
-	binary.LittleEndian.PutUint32(a[:], conf1Addr(dev, fn, reg))
+	binary.LittleEndian.PutUint32(a[:], conf1Addr(dev, fn, reg)|uint32(bus&0xff)<<16)
 	c.PIO.Write(pci.ConfigIOPort, a[:])
 	var d [4]byte
 	c.PIO.Read(pci.ConfigIOPort+4+uint64(reg&3), d[:n])
 	return binary.LittleEndian.Uint32(d[:])
 }
 
-// Write writes the low n bytes of v at reg of 00:dev.fn.
-func (c Conf1) Write(dev, fn, reg, n int, v uint32) {
+// WriteBus writes the low n bytes of v at reg of bus:dev.fn.
+func (c Conf1) WriteBus(bus, dev, fn, reg, n int, v uint32) {
 	var a [4]byte
-	binary.LittleEndian.PutUint32(a[:], conf1Addr(dev, fn, reg))
+	binary.LittleEndian.PutUint32(a[:], conf1Addr(dev, fn, reg)|uint32(bus&0xff)<<16)
 	c.PIO.Write(pci.ConfigIOPort, a[:])
 	var d [4]byte
 	binary.LittleEndian.PutUint32(d[:], v)

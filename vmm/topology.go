@@ -1,0 +1,217 @@
+package vmm
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+
+	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/pci"
+	"github.com/hpcvmm/hpcvmm/pcitopo"
+	"github.com/hpcvmm/hpcvmm/uapi"
+)
+
+// ptTopology is where the passed-through devices sit in the guest's PCI
+// tree: the plan, and once the ports exist, each device's parent port
+// (nil on bus 0) and the bus-0 slot its INTx routes through (its root
+// port's, or its own: Linux swizzles INTx up to bus 0, where _PRT and the
+// MP table describe it).
+type ptTopology struct {
+	plan     *pcitopo.Plan
+	parents  []*pci.Bridge
+	rootSlot []int
+}
+
+// PassthroughSlots are the bus-0 slots the passthrough devices (flat) or
+// their root ports (host topology) take.
+func PassthroughSlots() []int {
+	var s []int
+	for i := firstPassthroughSlot; i < pci.NumSlots; i++ {
+		s = append(s, i)
+	}
+	return s
+}
+
+// planPCITopology plans the guest tree of the checked passthrough devices
+// (vm.pt.devs): --topology host mirrors the host's PCIe switches and port
+// links, flat (and --acpi=off, whose guests get the flat layout
+// throughout) keeps every device on bus 0. A host whose sysfs does not
+// show where a device sits gets the flat layout, with a warning.
+func (vm *VM) planPCITopology(h *host.Host) error {
+	pt := vm.pt
+	bdfs := make([]host.BDF, len(pt.devs))
+	names := make([]string, len(pt.devs))
+	for i, d := range pt.devs {
+		bdfs[i] = d.BDF
+		names[i] = "gpu"
+		if pt.specs[i].VF {
+			names[i] = "vf"
+		}
+	}
+	mode := pcitopo.Host
+	if vm.cfg.Topology == TopologyFlat || vm.cfg.NoACPI {
+		mode = pcitopo.Flat
+	}
+	var plan *pcitopo.Plan
+	devs, links, err := pcitopo.FromHost(h, names, bdfs)
+	if err == nil {
+		plan, err = pcitopo.New(mode, devs, links, PassthroughSlots())
+	} else {
+		vm.log.Warn("host PCI topology unreadable: passthrough devices go flat on bus 0", "err", err)
+		mode = pcitopo.Flat
+		plan, err = flatPlan(pt.devs, names)
+	}
+	if err != nil {
+		return fieldErr("Passthrough", "%v", err)
+	}
+	pt.topo = ptTopology{plan: plan, rootSlot: rootSlots(plan)}
+	vm.log.Info("guest PCI topology of the passthrough devices", "topology", mode.String(), "tree", plan.String())
+	return nil
+}
+
+// flatPlan puts devs on bus 0 in order, knowing nothing of the host tree.
+func flatPlan(devs []*host.Device, names []string) (*pcitopo.Plan, error) {
+	pd := make([]pcitopo.Device, len(devs))
+	for i, d := range devs {
+		pd[i] = pcitopo.Device{Name: names[i], BDF: d.BDF, Path: host.PCIPath{RootComplex: "?", Chain: []host.BDF{d.BDF}},
+			Class: d.Class, Vendor: d.Vendor, DeviceID: d.DeviceID}
+	}
+	return pcitopo.New(pcitopo.Flat, pd, nil, PassthroughSlots())
+}
+
+// rootSlots returns, for each device of plan, the bus-0 slot above it.
+func rootSlots(plan *pcitopo.Plan) []int {
+	out := make([]int, len(plan.Devices))
+	for _, top := range plan.Top {
+		var mark func(n *pcitopo.Node)
+		mark = func(n *pcitopo.Node) {
+			if n.Kind == pcitopo.Endpoint {
+				out[n.Device] = int(top.Slot)
+			}
+			for _, c := range n.Children {
+				mark(c)
+			}
+		}
+		mark(top)
+	}
+	return out
+}
+
+// portLink converts a plan link to the port's, falling back to the default
+// for a host value no PCIe port can report.
+func portLink(l host.PCILink) (max, cur pci.Link) {
+	max = pci.Link{Speed: pci.LinkSpeed(l.MaxSpeed), Width: uint8(l.MaxWidth)}
+	cur = pci.Link{Speed: pci.LinkSpeed(l.CurSpeed), Width: uint8(l.CurWidth)}
+	if max.Validate() != nil {
+		d := pcitopo.DefaultLink
+		max = pci.Link{Speed: pci.LinkSpeed(d.MaxSpeed), Width: uint8(d.MaxWidth)}
+	}
+	if cur.Validate() != nil || cur.Speed > max.Speed || cur.Width > max.Width {
+		cur = max
+	}
+	return max, cur
+}
+
+// buildPorts adds the plan's ports to root and returns each device's
+// parent port (nil for a device on bus 0).
+func buildPorts(root *pci.Root, plan *pcitopo.Plan) ([]*pci.Bridge, error) {
+	parents := make([]*pci.Bridge, len(plan.Devices))
+	ports := map[*pcitopo.Node]*pci.Bridge{}
+	types := map[pcitopo.Kind]pci.PortType{pcitopo.RootPort: pci.RootPort, pcitopo.UpstreamPort: pci.UpstreamPort, pcitopo.DownstreamPort: pci.DownstreamPort}
+	physSlot := uint16(0)
+	var err error
+	plan.Walk(func(n, parent *pcitopo.Node) {
+		if err != nil {
+			return
+		}
+		if n.Kind == pcitopo.Endpoint {
+			parents[n.Device] = ports[parent]
+			return
+		}
+		max, cur := portLink(n.Link)
+		cfg := pci.BridgeConfig{Type: types[n.Kind], Link: max, Current: cur, PortNumber: n.Slot}
+		if n.Kind != pcitopo.UpstreamPort {
+			physSlot++
+			cfg.PhysicalSlot = physSlot
+		}
+		var b *pci.Bridge
+		if b, err = pci.NewBridge(cfg); err != nil {
+			return
+		}
+		name := n.Kind.String()
+		if n.HasMirror {
+			name += " for host " + n.Mirrors.String()
+		}
+		if parent == nil {
+			err = root.AddDevice(int(n.Slot), name, b)
+		} else {
+			err = root.AddDeviceBelow(ports[parent], int(n.Slot), name, b)
+		}
+		ports[n] = b
+	})
+	return parents, err
+}
+
+// addPorts builds the planned ports on the VM's root complex.
+func (vm *VM) addPorts() error {
+	parents, err := buildPorts(vm.pci, vm.pt.topo.plan)
+	if err != nil {
+		return fmt.Errorf("PCIe ports: %w", err)
+	}
+	vm.pt.topo.parents = parents
+	return nil
+}
+
+// attachPassthrough puts passthrough device i where the plan says: below
+// its port at device 0, or on bus 0 at its slot.
+func (vm *VM) attachPassthrough(i int, name string, dev pci.Device) error {
+	t := &vm.pt.topo
+	if p := t.parents[i]; p != nil {
+		return vm.pci.AddDeviceBelow(p, 0, name, dev)
+	}
+	return vm.pci.AddDevice(t.rootSlot[i], name, dev)
+}
+
+// writeNCCLTopology writes --nccl-topo: the guest's tree in NCCL's XML
+// format, one CPU node (the guest's single NUMA node) with the vCPUs'
+// affinity and the host CPU's identity from CPUID leaves 0 and 1, which
+// NCCL needs for Intel CPUs.
+func (vm *VM) writeNCCLTopology(supported []uapi.CPUIDEntry) error {
+	if vm.cfg.NCCLTopoFile == "" {
+		return nil
+	}
+	cpu := pcitopo.CPU{NUMAID: 0, Affinity: pcitopo.AffinityMask(vm.cfg.CPUs), Arch: "x86_64"}
+	for _, e := range supported {
+		switch {
+		case e.Function == 0 && e.Index == 0:
+			var v [12]byte
+			for i, r := range []uint32{e.EBX, e.EDX, e.ECX} {
+				v[4*i], v[4*i+1], v[4*i+2], v[4*i+3] = byte(r), byte(r>>8), byte(r>>16), byte(r>>24)
+			}
+			cpu.Vendor = string(v[:])
+		case e.Function == 1 && e.Index == 0:
+			family := int(e.EAX>>8) & 0xf
+			model := int(e.EAX>>4) & 0xf
+			if family == 0xf {
+				family += int(e.EAX>>20) & 0xff
+			}
+			if family == 6 || family >= 0xf {
+				model |= int(e.EAX>>16) & 0xf << 4
+			}
+			cpu.FamilyID, cpu.ModelID = family, model
+		}
+	}
+	plan := &pcitopo.Plan{Mode: pcitopo.Flat}
+	if vm.pt != nil {
+		plan = vm.pt.topo.plan
+	}
+	var b bytes.Buffer
+	if err := plan.WriteNCCLTopology(&b, cpu); err != nil {
+		return err
+	}
+	if err := os.WriteFile(vm.cfg.NCCLTopoFile, b.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("--nccl-topo: %w", err)
+	}
+	vm.log.Info("NCCL topology written", "file", vm.cfg.NCCLTopoFile)
+	return nil
+}
