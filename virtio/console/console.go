@@ -32,8 +32,9 @@
 //
 // PORT_READY is sent once the port is listed, but only the driver's
 // PORT_OPEN(0, 1), sent by init_port_console after it set guest_connected,
-// says data will be kept, so that is when input starts (QEMU's
-// virtio-serial answers PORT_READY the same way for a virtconsole port).
+// says data will be kept, so that is when input starts. (QEMU's
+// virtio-serial also answers PORT_READY for a virtconsole port with
+// CONSOLE_PORT and PORT_OPEN.)
 // With MULTIPORT, Linux ignores the size in the configuration space, so
 // SetSize sends RESIZE instead of a configuration change interrupt.
 //
