@@ -1,26 +1,53 @@
-// Package console is a virtio console device (virtio 1.x 5.3) with a single
-// port: bytes the guest writes to its transmitq go to an io.Writer (hpcvmm's
-// stdout), bytes read from an io.Reader (stdin) go to the guest's receiveq.
-// Guest /dev/hvc0 is this port once the guest's virtio_console driver binds.
+// Package console is a virtio console device (virtio 1.x 5.3) with one
+// port: bytes the guest writes to port 0's transmitq go to an io.Writer
+// (hpcvmm's stdout), bytes read from an io.Reader (stdin) go to port 0's
+// receiveq. Guest /dev/hvc0 is this port once the guest's virtio_console
+// driver binds.
 //
 // Terminal handling (raw mode, restoring it, SIGWINCH) belongs to the
-// caller; it reports the terminal size with SetSize (VIRTIO_CONSOLE_F_SIZE).
+// caller; it reports the terminal size with SetSize.
 //
 // Host input is never dropped. One reader goroutine (started at the first
 // activation) reads at most one inputChunk (4 KiB) of the io.Reader and then
 // waits until the device goroutine has copied all of it into receiveq
-// buffers: while the driver has posted none (before probe, or all in use)
-// input waits here and the io.Reader is not read (backpressure, bounded
-// memory). End of file stops the reader only after its last chunk was
-// delivered. VIRTIO_CONSOLE_F_MULTIPORT is not offered, so there is no
-// control queue and no VIRTIO_CONSOLE_PORT_OPEN to wait for: Linux makes
-// port 0 a console port, connected from probe.
+// buffers: while the guest cannot take it (no buffers posted, or the port
+// not open yet, below) input waits here and the io.Reader is not read
+// (backpressure, bounded memory). End of file stops the reader only after
+// its last chunk was delivered.
 //
-// Known gap (TestConsoleInputAtLaunchVirtio fails): input already waiting
-// when Linux's driver probes is put in the first receive buffer it posts,
-// and the one interrupt for it finds no port yet (add_port lists the port
-// only after filling the queue); the guest later reads nothing from
-// /dev/hvc0 (its port shows bytes_received 0, bytes_discarded 0).
+// VIRTIO_CONSOLE_F_MULTIPORT is offered (max_nr_ports 1) for one reason:
+// its control queues let the device hold input back until the guest can
+// keep it. Linux's driver posts port 0's receive buffers before it lists the
+// port (add_port fills the queue, then adds the port to portdev->ports), and
+// until init_port_console has run it discards what arrives for the port
+// (in_intr: no port found, or the port not guest_connected). Input waiting
+// at probe would be put in the first buffer and lost. With MULTIPORT the
+// handshake is (struct virtio_console_control: le32 id, le16 event, le16
+// value; queues 2 and 3 are control receiveq and transmitq):
+//
+//	driver DEVICE_READY(1)  -> device PORT_ADD(port 0)
+//	driver PORT_READY(0, 1) -> device CONSOLE_PORT(0, 1), PORT_OPEN(0, 1),
+//	                           RESIZE(0; cols, rows) when the size is known
+//	driver PORT_OPEN(0, 1)  -> input flows to port 0
+//
+// PORT_READY is sent once the port is listed, but only the driver's
+// PORT_OPEN(0, 1), sent by init_port_console after it set guest_connected,
+// says data will be kept, so that is when input starts. (QEMU's
+// virtio-serial also answers PORT_READY for a virtconsole port with
+// CONSOLE_PORT and PORT_OPEN.)
+// With MULTIPORT, Linux ignores the size in the configuration space, so
+// SetSize sends RESIZE instead of a configuration change interrupt.
+//
+// A driver that does not accept MULTIPORT gets the single-port layout
+// (queues 0 and 1 only) and input as soon as buffers are posted, and the
+// race above remains: input already waiting when such a driver probes can
+// be lost.
+//
+// Everything on the control transmitq is guest-controlled: short messages,
+// unknown events, wrong port ids and out-of-order messages are ignored and
+// reported through Options.OnError, rate-limited (ctlErrBurst, then one per
+// ctlErrInterval with the count suppressed). A control receive buffer too
+// small for a message gets nothing written and the message is dropped.
 package console
 
 import (
@@ -30,6 +57,7 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -42,12 +70,22 @@ import (
 const (
 	// FeatureSize is VIRTIO_CONSOLE_F_SIZE: cols/rows in the config space.
 	FeatureSize = uint64(1) << 0
+	// FeatureMultiport is VIRTIO_CONSOLE_F_MULTIPORT: max_nr_ports in the
+	// config space and the control queues (see the package doc).
+	FeatureMultiport = uint64(1) << 1
 
-	// DefaultQueueSize is the size offered for both queues.
+	// DefaultQueueSize is the size offered for port 0's queues.
 	DefaultQueueSize = 256
+	// ControlQueueSize is the size offered for the control queues: the
+	// handshake needs a handful of messages, and Linux fills the control
+	// receiveq with one page per entry.
+	ControlQueueSize = 32
 
 	receiveQ  = 0 // port 0 receiveq: host to guest
 	transmitQ = 1 // port 0 transmitq: guest to host
+	ctlRecvQ  = 2 // control receiveq (c_ivq): device to driver messages
+	ctlSendQ  = 3 // control transmitq (c_ovq): driver to device messages
+	numQueues = 4 // max_nr_ports = 1: port 0's pair and the control pair
 
 	// struct virtio_console_config: cols, rows, max_nr_ports, emerg_wr.
 	configSize = 12
@@ -55,16 +93,68 @@ const (
 	inputChunk = 4096
 )
 
+// Control events (virtio 1.x 5.3.6.2, struct virtio_console_control).
+const (
+	evDeviceReady = 0 // driver: device set up (value 1) or failed (0)
+	evPortAdd     = 1 // device: a port exists (VIRTIO_CONSOLE_DEVICE_ADD)
+	evPortRemove  = 2 // device: a port is gone (not used here)
+	evPortReady   = 3 // driver: port set up (value 1) or failed (0)
+	evConsolePort = 4 // device: this port is a console
+	evResize      = 5 // device: console size follows the header
+	evPortOpen    = 6 // both: port opened (1) or closed (0) on that side
+	evPortName    = 7 // device: port name follows (not used here)
+
+	ctlHeaderSize = 8  // le32 id, le16 event, le16 value
+	ctlResizeSize = 12 // header, le16 cols, le16 rows
+
+	// ctlErrBurst control-message errors are reported as they come; past
+	// that at most one per ctlErrInterval, so a guest flooding bad
+	// messages cannot flood the log.
+	ctlErrBurst    = 10
+	ctlErrInterval = 10 * time.Second
+)
+
+// Messages the device owes the driver, one bit each. They go out in bit
+// order, which is the handshake's order: a console must exist before it is
+// a console, and Linux ignores RESIZE for a port that is not one yet.
+const (
+	sendPortAdd uint8 = 1 << iota
+	sendConsolePort
+	sendPortOpen
+	sendResize
+)
+
 // Options tune a Console. The zero value is usable.
 type Options struct {
-	// QueueSize is the maximum size of each queue (power of two up to
+	// QueueSize is the maximum size of port 0's queues (power of two up to
 	// queue.MaxSize); 0 means DefaultQueueSize.
 	QueueSize uint16
 	// Rows and Cols are the initial console size (0 = unknown).
 	Rows, Cols uint16
-	// OnError hears host-side I/O errors (writing out, reading in); the
-	// device keeps running, dropping output that cannot be written.
+	// OnError hears host-side I/O errors (writing out, reading in) and
+	// malformed control messages from the guest (rate-limited); the device
+	// keeps running, dropping output that cannot be written.
 	OnError func(error)
+}
+
+// control is the MULTIPORT handshake state, owned by the device goroutine
+// between Activate and Reset.
+type control struct {
+	added    bool  // PORT_ADD for port 0 went out
+	ready    bool  // the driver sent PORT_READY(0, 1): port 0 is listed
+	console  bool  // CONSOLE_PORT went out: RESIZE means something now
+	open     bool  // the driver sent PORT_OPEN(0, 1): it keeps port 0 input
+	pending  uint8 // send* bits not yet delivered
+	sentRows uint16
+	sentCols uint16
+}
+
+// errLimit rate-limits reported control errors (see ctlErrBurst). It lives
+// across driver resets, so resetting the device does not reopen the burst.
+type errLimit struct {
+	reported   int
+	suppressed int
+	last       time.Time
 }
 
 // Console is the device model. It implements virtio.Device.
@@ -74,15 +164,22 @@ type Console struct {
 	opts    Options
 	eventFD int
 
-	mu         sync.Mutex // rows, cols, irq, outErr
+	mu         sync.Mutex // rows, cols, irq, outErr, multiport
 	rows, cols uint16
 	irq        virtio.Interrupter
 	outErr     bool
+	multiport  bool // negotiated by the running driver: SetSize sends RESIZE
 
 	// Device goroutine state (between Activate and Reset).
-	rx, tx *queue.Queue
-	chain  *queue.Chain
-	drain  [8]byte
+	rx, tx     *queue.Queue
+	cin, cout  *queue.Queue // control queues, nil without MULTIPORT
+	chain      *queue.Chain
+	drain      [8]byte
+	ctl        control
+	ctlErrs    errLimit
+	gated      bool // MULTIPORT: hold input until ctl.open
+	ctlMsg     [ctlResizeSize]byte
+	ctlRecvBuf [ctlHeaderSize]byte
 
 	// Input hand-off: the reader goroutine owns inBuf while inLen == 0;
 	// after it publishes a chunk (inLen > 0) the device goroutine consumes
@@ -125,16 +222,26 @@ func New(in io.Reader, out io.Writer, opts Options) (*Console, error) {
 	}, nil
 }
 
-// SetSize reports a new terminal size to the guest (configuration-change
-// interrupt if the driver is running). Safe from any goroutine.
+// SetSize reports a new terminal size to the guest. Safe from any
+// goroutine. A driver without MULTIPORT reads it from the configuration
+// space after a configuration-change interrupt; with MULTIPORT Linux only
+// listens to RESIZE control messages, so the device goroutine sends one
+// (woken through the eventfd) once port 0 is a console.
 func (c *Console) SetSize(rows, cols uint16) {
 	c.mu.Lock()
 	changed := rows != c.rows || cols != c.cols
 	c.rows, c.cols = rows, cols
-	irq := c.irq
+	intr, multiport := c.irq, c.multiport
 	c.mu.Unlock()
-	if changed && irq != nil {
-		irq.ConfigChanged()
+	if !changed || intr == nil {
+		return
+	}
+	if !multiport {
+		intr.ConfigChanged()
+		return
+	}
+	if err := irq.SignalEventFD(c.eventFD); err != nil && c.opts.OnError != nil {
+		c.opts.OnError(fmt.Errorf("virtio-console: signal resize: %w", err))
 	}
 }
 
@@ -153,10 +260,13 @@ func (c *Console) Close() error {
 func (c *Console) Type() uint16 { return virtio.DeviceConsole }
 
 // Features implements virtio.Device.
-func (c *Console) Features() uint64 { return FeatureSize }
+func (c *Console) Features() uint64 { return FeatureSize | FeatureMultiport }
 
-// QueueMaxSizes implements virtio.Device: receiveq and transmitq of port 0.
-func (c *Console) QueueMaxSizes() []uint16 { return []uint16{c.opts.QueueSize, c.opts.QueueSize} }
+// QueueMaxSizes implements virtio.Device: port 0's receiveq and transmitq,
+// then the control receiveq and transmitq (used only with MULTIPORT).
+func (c *Console) QueueMaxSizes() []uint16 {
+	return []uint16{c.opts.QueueSize, c.opts.QueueSize, ControlQueueSize, ControlQueueSize}
+}
 
 // ConfigSize implements virtio.Device.
 func (c *Console) ConfigSize() int { return configSize }
@@ -168,7 +278,7 @@ func (c *Console) ReadConfig(offset int, data []byte) {
 	binary.LittleEndian.PutUint16(img[0:], c.cols)
 	binary.LittleEndian.PutUint16(img[2:], c.rows)
 	c.mu.Unlock()
-	binary.LittleEndian.PutUint32(img[4:], 1) // max_nr_ports (meaningful with MULTIPORT only)
+	binary.LittleEndian.PutUint32(img[4:], 1) // max_nr_ports: port 0 only
 	clear(data)
 	if offset >= 0 && offset < configSize {
 		copy(data, img[offset:])
@@ -181,12 +291,23 @@ func (c *Console) WriteConfig(offset int, data []byte) {}
 
 // Activate implements virtio.Device.
 func (c *Console) Activate(features uint64, queues []*queue.Queue, irq virtio.Interrupter) error {
-	if len(queues) != 2 {
-		return fmt.Errorf("virtio-console: activate with %d queues, want 2", len(queues))
+	if len(queues) != numQueues {
+		return fmt.Errorf("virtio-console: activate with %d queues, want %d", len(queues), numQueues)
+	}
+	multiport := features&FeatureMultiport != 0
+	if multiport && (queues[ctlRecvQ] == nil || queues[ctlSendQ] == nil) {
+		return errors.New("virtio-console: MULTIPORT accepted but the control queues (2 and 3) are not enabled")
 	}
 	c.rx, c.tx = queues[receiveQ], queues[transmitQ]
+	c.cin, c.cout = nil, nil
+	if multiport {
+		c.cin, c.cout = queues[ctlRecvQ], queues[ctlSendQ]
+	}
+	c.ctl = control{}
+	c.gated = multiport
 	c.mu.Lock()
 	c.irq = irq
+	c.multiport = multiport
 	c.mu.Unlock()
 	if c.in != nil {
 		c.started.Do(func() { go c.readLoop() })
@@ -197,18 +318,28 @@ func (c *Console) Activate(features uint64, queues []*queue.Queue, irq virtio.In
 // Reset implements virtio.Device. Host input not yet delivered stays
 // buffered for the next driver.
 func (c *Console) Reset() {
-	c.rx, c.tx = nil, nil
+	c.rx, c.tx, c.cin, c.cout = nil, nil, nil, nil
+	c.ctl = control{}
+	c.gated = false
 	c.mu.Lock()
 	c.irq = nil
+	c.multiport = false
 	c.mu.Unlock()
 }
 
-// EventFD implements virtio.Device: readable when host input is waiting.
+// EventFD implements virtio.Device: readable when host input is waiting or
+// a RESIZE is due.
 func (c *Console) EventFD() int { return c.eventFD }
 
 // HandleEvent implements virtio.Device.
 func (c *Console) HandleEvent() error {
 	irq.DrainEventFD(c.eventFD, c.drain[:])
+	if c.cin != nil {
+		c.queueResize()
+		if err := c.sendControl(); err != nil {
+			return err
+		}
+	}
 	return c.fillReceive()
 }
 
@@ -220,6 +351,11 @@ func (c *Console) QueueNotify(q int) error {
 		return c.fillReceive()
 	case transmitQ:
 		return c.transmit()
+	case ctlRecvQ:
+		// New control buffers: deliver messages that were waiting.
+		return c.sendControl()
+	case ctlSendQ:
+		return c.receiveControl()
 	}
 	return nil
 }
@@ -297,7 +433,9 @@ func hasWritable(ch *queue.Chain) bool {
 // fillReceive copies pending host input into receiveq buffers.
 func (c *Console) fillReceive() error {
 	q := c.rx
-	if q == nil {
+	if q == nil || c.gated && !c.ctl.open {
+		// With MULTIPORT, buffers posted before the driver opened port 0
+		// stay unused: what Linux got in them now it would discard.
 		return nil
 	}
 	c.inMu.Lock()

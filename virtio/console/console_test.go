@@ -205,7 +205,7 @@ func BenchmarkConsoleTransmit(b *testing.B) {
 			require.NoError(b, err)
 			defer con.Close()
 			irq := &nopIRQ{}
-			require.NoError(b, con.Activate(feat, []*queue.Queue{rq, tq}, irq))
+			require.NoError(b, con.Activate(feat, []*queue.Queue{rq, tq, nil, nil}, irq))
 			tx.Chain(tx.DescAddr, 0, []queuetest.Buf{{Addr: 0x80000, Len: size}})
 			b.SetBytes(int64(size))
 			b.ReportAllocs()

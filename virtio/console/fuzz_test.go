@@ -101,7 +101,7 @@ func (r *consoleRig) flush(tb testing.TB) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if err := r.con.Activate(virtio.FeatureVersion1, []*queue.Queue{q, nil}, &r.irq); err != nil {
+	if err := r.con.Activate(virtio.FeatureVersion1, []*queue.Queue{q, nil, nil, nil}, &r.irq); err != nil {
 		tb.Fatal(err)
 	}
 	if err := r.con.HandleEvent(); err != nil {
@@ -183,7 +183,7 @@ func FuzzConsole(f *testing.F) {
 		r.out.Reset()
 		r.irq = irqCheck{}
 		defer r.flush(t)
-		if err := r.con.Activate(feat, []*queue.Queue{rxq, txq}, &r.irq); err != nil {
+		if err := r.con.Activate(feat, []*queue.Queue{rxq, txq, nil, nil}, &r.irq); err != nil {
 			t.Fatal(err)
 		}
 		if len(input) > 0 {
