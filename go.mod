@@ -9,4 +9,8 @@ require (
 	golang.org/x/term v0.47.0
 )
 
-require go.yaml.in/yaml/v3 v3.0.5 // indirect
+require (
+	github.com/elastic/go-seccomp-bpf v1.6.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/net v0.41.0 // indirect
+)

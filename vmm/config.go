@@ -89,6 +89,10 @@ type Config struct {
 	// cores, shared caches and packages; TopologyFlat gives n
 	// single-thread cores in one package.
 	Topology TopologyKind
+	// Seccomp selects the syscall filters Run installs before the first
+	// KVM_RUN (SeccompOn, SeccompLog); the zero value installs none, since a
+	// filter lasts as long as the process (see SeccompOff).
+	Seccomp SeccompMode
 	// SysfsRoot and ProcfsRoot let tests point host discovery at a captured
 	// tree; empty means /sys and /proc.
 	SysfsRoot, ProcfsRoot string
@@ -187,6 +191,9 @@ func (c *Config) Validate() error {
 	case "", ConsoleVirtio, ConsoleSerial, ConsoleNone:
 	default:
 		errs = append(errs, fieldErr("Console", "unknown console %q: use virtio, serial or none", c.Console))
+	}
+	if !validSeccomp(c.Seccomp) {
+		errs = append(errs, fieldErr("Seccomp", "%q: want on, off or log", c.Seccomp))
 	}
 	errs = append(errs, c.validateNets()...)
 	return errors.Join(errs...)

@@ -188,7 +188,7 @@ func TestRunHelpGroups(t *testing.T) {
 		"Guest":               {"kernel", "initrd", "cmdline", "cpus", "memory", "hugepages", "acpi"},
 		"Placement":           {"numa-node", "cpu-list", "allow-cross-numa", "topology"},
 		"Devices":             {"gpu", "vf", "bind", "p2p", "net"},
-		"Console and logging": {"console", "log-level", "shutdown-timeout"},
+		"Console and logging": {"console", "log-level", "shutdown-timeout", "seccomp"},
 		"Other":               {"help"},
 	}
 	order := []string{"Guest", "Placement", "Devices", "Console and logging", "Other"}
