@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hpcvmm/hpcvmm/vmm"
+
 	"github.com/hpcvmm/hpcvmm/host/hosttest"
 )
 
@@ -283,4 +285,23 @@ func TestVersion(t *testing.T) {
 	rc, out2, _ := hpcvmm("--version")
 	assert.Equal(t, 0, rc)
 	assert.Equal(t, out, out2)
+}
+
+// TestSeccompFlag: filters are on unless --seccomp says otherwise, and a
+// bad value names the flag.
+func TestSeccompFlag(t *testing.T) {
+	for args, want := range map[string]vmm.SeccompMode{"": vmm.SeccompOn, "--seccomp=off": vmm.SeccompOff, "--seccomp=log": vmm.SeccompLog, "--seccomp=on": vmm.SeccompOn} {
+		c, f := newRunCommand()
+		var out, errOut bytes.Buffer
+		var a []string
+		if args != "" {
+			a = []string{args}
+		}
+		require.Equal(t, -1, c.parse(a, &out, &errOut), "%s: %s", args, errOut.String())
+		assert.Equal(t, want, f.toConfig().Seccomp, "%q", args)
+	}
+	c, _ := newRunCommand()
+	var out, errOut bytes.Buffer
+	assert.Equal(t, 2, c.parse([]string{"--seccomp=strict"}, &out, &errOut))
+	assert.Contains(t, errOut.String(), "--seccomp")
 }
