@@ -15,9 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/hpcvmm/hpcvmm/vmm"
-
 	"github.com/hpcvmm/hpcvmm/host/hosttest"
+	"github.com/hpcvmm/hpcvmm/vmm"
 )
 
 // hpcvmm runs the CLI's entry function in-process, as main does.
