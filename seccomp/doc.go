@@ -91,14 +91,16 @@
 //     cgo-linked binary (the default `go build`: package net links
 //     runtime/cgo) makes new Ms with glibc's pthread_create (clone3,
 //     mprotect, rseq, set_robust_list, brk).
-//   - The scenarios of the nested test bed (boot, console, net with
-//     vhost-net, pinned vCPUs on hugepages, SIGTERM shutdown) ran hpcvmm
-//     with --seccomp=log: every syscall outside the lists was logged by the
-//     kernel into L1's console log (tests/harness keeps it as
-//     runs/*/l1-console.log), `grep type=1326` lists them with the thread
-//     (comm) that made them. strace is not in the L1 image, and the kernel's
-//     own log sees every thread without slowing the guest; on a host with
-//     hardware KVM `strace -f -c hpcvmm run ...` gives the same union.
+//   - The scenarios of the nested test bed (boot with 1 and 4 vCPUs,
+//     console round trip, net with and without vhost-net, pinned vCPUs on
+//     1 GiB pages, SIGTERM shutdown) ran with the filters on (the default):
+//     a missing syscall kills hpcvmm and fails the scenario, and
+//     TestGuestRAMOnHugepagesAndPinnedVCPUs checks Seccomp: 2 on every
+//     thread while the guest runs. strace is not in the L1 image; the
+//     kernel's own log sees every thread instead: a run with --seccomp=log
+//     logs each syscall outside the lists (L1's /init lowers the console
+//     log level to 3, so read L1's dmesg, not its console log). On a host
+//     with hardware KVM, `strace -f -c hpcvmm run ...` gives the union.
 //   - To find what a new setup needs: run it with --seccomp=log and read
 //     dmesg | grep type=1326; Name (or ausyscall) names the numbers.
 //
