@@ -3,10 +3,12 @@ module github.com/hpcvmm/hpcvmm
 go 1.26.8
 
 require (
+	github.com/elastic/go-seccomp-bpf v1.6.0
 	github.com/spf13/pflag v1.1.0
 	github.com/stretchr/testify v1.12.1
 	github.com/u-root/u-root v0.16.0
 	github.com/vishvananda/netlink v1.3.1
+	golang.org/x/net v0.47.0
 	golang.org/x/sys v0.49.0
 	golang.org/x/term v0.47.0
 )

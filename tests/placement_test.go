@@ -23,7 +23,8 @@ import (
 // bound to node 0 and checks, from the host side while the guest runs, that
 // the guest RAM mapping is backed by 1 GiB pages bound to the node, that
 // the pool lost exactly the guest's pages (and got them back after), and
-// that every vCPU thread's affinity is the requested CPU; from inside the
+// that every vCPU thread's affinity is the requested CPU and that every
+// thread runs under hpcvmm's seccomp filters; from inside the
 // guest, that it booted with the RAM and CPUs it was given.
 func TestGuestRAMOnHugepagesAndPinnedVCPUs(t *testing.T) {
 	harness.Run(t, harness.ProfileBasic, func(t *testing.T, env *harness.Env) {
@@ -71,6 +72,8 @@ func TestGuestRAMOnHugepagesAndPinnedVCPUs(t *testing.T) {
 			assert.Equal(t, []int{want[i]}, got, "affinity of vcpu%d (thread %d)", i, threads[i])
 			env.Record(t, fmt.Sprintf("vcpu%d_affinity", i), host.FormatCPUList(got))
 		}
+
+		requireAllThreadsFiltered(t, env, vm.PID())
 
 		require.Equal(t, 0, vm.Wait(), "hpcvmm exit status")
 		g := vm.GuestResults()

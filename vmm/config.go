@@ -100,6 +100,10 @@ type Config struct {
 	// NCCLTopoFile, if set, receives the guest's PCI tree as an NCCL
 	// topology file (NCCL_TOPO_FILE) with the guest's bus IDs.
 	NCCLTopoFile string
+	// Seccomp selects the syscall filters Run installs before the first
+	// KVM_RUN (SeccompOn, SeccompLog); the zero value installs none, since a
+	// filter lasts as long as the process (see SeccompOff).
+	Seccomp SeccompMode
 	// SysfsRoot and ProcfsRoot let tests point host discovery at a captured
 	// tree; empty means /sys and /proc.
 	SysfsRoot, ProcfsRoot string
@@ -201,6 +205,9 @@ func (c *Config) Validate() error {
 	case "", ConsoleVirtio, ConsoleSerial, ConsoleNone:
 	default:
 		errs = append(errs, fieldErr("Console", "unknown console %q: use virtio, serial or none", c.Console))
+	}
+	if !validSeccomp(c.Seccomp) {
+		errs = append(errs, fieldErr("Seccomp", "%q: want on, off or log", c.Seccomp))
 	}
 	errs = append(errs, c.validateNets()...)
 	return errors.Join(errs...)

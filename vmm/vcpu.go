@@ -64,6 +64,12 @@ func (v *vcpu) loop() error {
 	// Name the thread so top, perf and the tests can tell vCPU threads
 	// from the Go runtime's; a failure only costs that convenience.
 	_ = os.WriteFile(fmt.Sprintf("/proc/self/task/%d/comm", tid), []byte(fmt.Sprintf("vcpu%d", v.index)), 0)
+	// The vCPU filter goes on here, once the thread is pinned and named
+	// and before the first KVM_RUN; the thread stays locked until it
+	// exits, so no other goroutine ever runs under it.
+	if err := v.installFilter(); err != nil {
+		return err
+	}
 	vm := v.vm
 	if vm.stopping.Load() {
 		return nil

@@ -452,6 +452,9 @@ func (vm *VM) Run(ctx context.Context) error {
 	if vm.ranAlready.Swap(true) {
 		return errors.New("vmm: VM already ran; create a new one")
 	}
+	if err := vm.installProcessFilter(); err != nil {
+		return err
+	}
 	var wg sync.WaitGroup
 	for _, c := range vm.cpus {
 		wg.Add(1)

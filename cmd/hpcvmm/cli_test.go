@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hpcvmm/hpcvmm/host/hosttest"
+	"github.com/hpcvmm/hpcvmm/vmm"
 )
 
 // hpcvmm runs the CLI's entry function in-process, as main does.
@@ -188,7 +189,7 @@ func TestRunHelpGroups(t *testing.T) {
 		"Guest":               {"kernel", "initrd", "cmdline", "cpus", "memory", "hugepages", "acpi"},
 		"Placement":           {"numa-node", "cpu-list", "allow-cross-numa", "topology"},
 		"Devices":             {"gpu", "vf", "bind", "p2p", "net", "nccl-topo"},
-		"Console and logging": {"console", "log-level", "shutdown-timeout"},
+		"Console and logging": {"console", "log-level", "shutdown-timeout", "seccomp"},
 		"Other":               {"help"},
 	}
 	order := []string{"Guest", "Placement", "Devices", "Console and logging", "Other"}
@@ -283,4 +284,23 @@ func TestVersion(t *testing.T) {
 	rc, out2, _ := hpcvmm("--version")
 	assert.Equal(t, 0, rc)
 	assert.Equal(t, out, out2)
+}
+
+// TestSeccompFlag: filters are on unless --seccomp says otherwise, and a
+// bad value names the flag.
+func TestSeccompFlag(t *testing.T) {
+	for args, want := range map[string]vmm.SeccompMode{"": vmm.SeccompOn, "--seccomp=off": vmm.SeccompOff, "--seccomp=log": vmm.SeccompLog, "--seccomp=on": vmm.SeccompOn} {
+		c, f := newRunCommand()
+		var out, errOut bytes.Buffer
+		var a []string
+		if args != "" {
+			a = []string{args}
+		}
+		require.Equal(t, -1, c.parse(a, &out, &errOut), "%s: %s", args, errOut.String())
+		assert.Equal(t, want, f.toConfig().Seccomp, "%q", args)
+	}
+	c, _ := newRunCommand()
+	var out, errOut bytes.Buffer
+	assert.Equal(t, 2, c.parse([]string{"--seccomp=strict"}, &out, &errOut))
+	assert.Contains(t, errOut.String(), "--seccomp")
 }

@@ -43,8 +43,12 @@ func newRunCommand() (*command, *runFlags) {
 		"[--bind] [--p2p=false]",
 		"[--net tap=NAME[,mac=MAC][,queues=N][,vhost=on|off]]... [--nccl-topo FILE]",
 		"[--console virtio|serial|none] [--log-level debug|info|warn|error]",
-		"[--acpi on|off] [--topology host|flat] [--shutdown-timeout DURATION]")
+		"[--acpi on|off] [--topology host|flat] [--shutdown-timeout DURATION]",
+		"[--seccomp on|off|log]")
 	c.footer = runFooter
+	// The command runs one VM and exits, so the filters are on by default
+	// (the library's zero value is off: see vmm.SeccompOff).
+	f.cfg.Seccomp = vmm.SeccompOn
 
 	g := c.group("Guest")
 	g.StringVar(&f.cfg.Kernel, "kernel", "", "`FILE`: the bzImage to boot (required): any distribution kernel, /boot/vmlinuz-*; boot protocol 2.06 or later")
@@ -77,6 +81,7 @@ func newRunCommand() (*command, *runFlags) {
 	g = c.group("Console and logging")
 	g.Var(consoleValue{&f.cfg.Console}, "console", "where stdin/stdout go: virtio (guest /dev/hvc0), serial (the 16550 UART, guest ttyS0) or none; the UART always prints early boot messages")
 	g.Var(levelValue{&f.logLevel}, "log-level", "`LEVEL`: debug, info, warn or error")
+	g.Var(seccompValue{&f.cfg.Seccomp}, "seccomp", "on: every thread under a syscall allow-list from before the first KVM_RUN, a syscall outside it kills hpcvmm with SIGSYS (dmesg names it); log: let it run and log it; off: no filter, for debugging")
 	g.DurationVar(&f.shutdownTimeout, "shutdown-timeout", f.shutdownTimeout, "`DURATION`: after SIGTERM/SIGINT, how long the guest has to power off after the ACPI power button before it is stopped hard")
 
 	c.hidden(func(fs *pflag.FlagSet) {
@@ -139,8 +144,8 @@ func defaultCmdline(c vmm.ConsoleKind) string {
 var flagNames = map[string]string{
 	"Kernel": "--kernel", "Initrd": "--initrd", "CPUs": "--cpus", "Memory": "--memory",
 	"HugePages": "--hugepages", "NUMANode": "--numa-node", "CPUList": "--cpu-list", "Console": "--console",
-	"Passthrough": "--gpu/--vf",
-	"Nets":        "--net",
+	"Passthrough": "--gpu/--vf", "Seccomp": "--seccomp",
+	"Nets": "--net",
 }
 
 // parseNet parses one --net value: tap=NAME[,mac=MAC][,queues=N][,vhost=on|off].

@@ -259,3 +259,22 @@ func (v apicIDsValue) Set(s string) error {
 	*v.p = ids
 	return nil
 }
+
+// seccompValue is --seccomp: on, off or log.
+type seccompValue struct{ p *vmm.SeccompMode }
+
+func (v seccompValue) String() string {
+	if v.p == nil || *v.p == "" {
+		return string(vmm.SeccompOff)
+	}
+	return string(*v.p)
+}
+func (v seccompValue) Type() string { return "on|off|log" }
+func (v seccompValue) Set(s string) error {
+	switch m := vmm.SeccompMode(s); m {
+	case vmm.SeccompOn, vmm.SeccompOff, vmm.SeccompLog:
+		*v.p = m
+		return nil
+	}
+	return fmt.Errorf("want on, off or log")
+}

@@ -1,0 +1,370 @@
+package seccomp
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// childEnv names the case a re-executed test binary runs instead of the
+// tests: a filter cannot be removed, and a kill takes the whole process, so
+// every case that installs one runs in a child of its own.
+const childEnv = "HPCVMM_SECCOMP_TEST_CHILD"
+
+func TestMain(m *testing.M) {
+	if c := os.Getenv(childEnv); c != "" {
+		f, ok := childCases[c]
+		if !ok {
+			fmt.Fprintln(os.Stderr, "unknown child case", c)
+			os.Exit(3)
+		}
+		if err := f(); err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			os.Exit(1)
+		}
+		fmt.Println("child survived")
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// childCases run in the re-executed test binary; an error exits 1, a kill
+// is what some cases are for.
+var childCases = map[string]func() error{
+	// The Go runtime and the device-goroutine kinds of work under the
+	// process filter: goroutines blocking in syscalls (new Ms), GC, timers,
+	// files under /proc, eventfds, poll.
+	"process-allowed": func() error {
+		if err := InstallProcess(Kill); err != nil {
+			return err
+		}
+		if err := runtimeWork(); err != nil {
+			return err
+		}
+		return deviceWork()
+	},
+	// A locked thread under both filters does a vCPU thread's kinds of
+	// work, and its goroutine exits while locked (the thread exits).
+	"vcpu-allowed": func() error {
+		// hpcvmm's setup opens files long before the filters go on,
+		// which starts the runtime's poller (epoll_create1, not in the
+		// vCPU list); so does this.
+		if _, err := os.ReadFile("/proc/self/stat"); err != nil {
+			return err
+		}
+		if err := InstallProcess(Kill); err != nil {
+			return err
+		}
+		return onLockedThread(func() error {
+			if err := InstallThread(VCPU, Kill); err != nil {
+				return err
+			}
+			efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(efd)
+			if _, err := unix.Write(efd, []byte{1, 0, 0, 0, 0, 0, 0, 0}); err != nil {
+				return err
+			}
+			if _, err := os.ReadFile("/proc/self/status"); err != nil {
+				return err
+			}
+			if _, err := os.ReadDir("/proc/self/task"); err != nil {
+				return err
+			}
+			_ = unix.Tgkill(unix.Getpid(), unix.Gettid(), unix.SIGURG) // the vCPU kick
+			runtime.GC()
+			return runtimeWork()
+		})
+	},
+	// uname is in no list: the process filter kills on any thread.
+	"process-forbidden": func() error {
+		if err := InstallProcess(Kill); err != nil {
+			return err
+		}
+		var u unix.Utsname
+		_ = unix.Uname(&u)
+		return errors.New("uname returned under the process filter")
+	},
+	// unlinkat is allowed process-wide (the journal's teardown) but not on
+	// a vCPU thread: the stacked filter is the stricter one.
+	"vcpu-forbidden": func() error {
+		if err := InstallProcess(Kill); err != nil {
+			return err
+		}
+		if err := unix.Unlinkat(unix.AT_FDCWD, "/nonexistent-hpcvmm-seccomp-test", 0); !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("unlinkat under the process filter: %v, want ENOENT", err)
+		}
+		return onLockedThread(func() error {
+			if err := InstallThread(VCPU, Kill); err != nil {
+				return err
+			}
+			_ = unix.Unlinkat(unix.AT_FDCWD, "/nonexistent-hpcvmm-seccomp-test", 0)
+			return errors.New("unlinkat returned on the vCPU thread")
+		})
+	},
+	// Log mode lets a syscall outside the list run.
+	"log-mode": func() error {
+		if err := InstallProcess(Log); err != nil {
+			return err
+		}
+		var u unix.Utsname
+		return unix.Uname(&u)
+	},
+	// The template-thread argument: a locked thread whose filter forbids
+	// clone starts goroutines that block in syscalls, so the runtime needs
+	// new Ms while it runs. Go never clones from a locked thread (newm
+	// hands the request to its template thread), so the process lives, and
+	// every new thread has the process filter only.
+	"locked-thread-spawns": func() error {
+		runtime.GOMAXPROCS(8)
+		if err := InstallProcess(Kill); err != nil {
+			return err
+		}
+		before, err := Threads("/proc", os.Getpid())
+		if err != nil {
+			return err
+		}
+		var lockedTID int
+		err = onLockedThread(func() error {
+			lockedTID = unix.Gettid()
+			if err := InstallThread(VCPU, Kill); err != nil {
+				return err
+			}
+			var wg sync.WaitGroup
+			for range 16 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					// A raw blocking syscall holds its M: the
+					// runtime hands the P to another M, new
+					// ones when none is idle.
+					ts := unix.NsecToTimespec(int64(200 * time.Millisecond))
+					_ = unix.Nanosleep(&ts, nil)
+				}()
+			}
+			wg.Wait()
+			after, err := Threads("/proc", os.Getpid())
+			if err != nil {
+				return err
+			}
+			if len(after) <= len(before) {
+				return fmt.Errorf("no new thread was created (%d before, %d after): the case proves nothing", len(before), len(after))
+			}
+			for _, th := range after {
+				want := 1
+				if th.TID == lockedTID {
+					want = 2
+				}
+				if th.Mode != 2 || th.Filters != want {
+					return fmt.Errorf("thread %d (%s): Seccomp %d with %d filters, want 2 with %d", th.TID, th.Comm, th.Mode, th.Filters, want)
+				}
+			}
+			fmt.Printf("threads: %d before, %d after\n", len(before), len(after))
+			return nil
+		})
+		return err
+	},
+}
+
+// onLockedThread runs f on a goroutine locked to its thread for good, as a
+// vCPU's: the thread exits with the goroutine.
+func onLockedThread(f func() error) error {
+	done := make(chan error)
+	go func() {
+		runtime.LockOSThread()
+		done <- f()
+	}()
+	return <-done
+}
+
+// runtimeWork exercises the Go runtime: goroutines, timers, allocation and
+// GC, channel hand-offs, a /proc read.
+func runtimeWork() error {
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(i) * time.Millisecond)
+			b := make([][]byte, 0, 64)
+			for range 64 {
+				b = append(b, make([]byte, 64<<10))
+			}
+			_ = b
+		}()
+	}
+	wg.Wait()
+	runtime.GC()
+	_, err := os.ReadFile("/proc/self/stat")
+	return err
+}
+
+// deviceWork does what a device goroutine does: eventfds and poll.
+func deviceWork() error {
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(efd)
+	if _, err := unix.Write(efd, []byte{1, 0, 0, 0, 0, 0, 0, 0}); err != nil {
+		return err
+	}
+	fds := []unix.PollFd{{Fd: int32(efd), Events: unix.POLLIN}}
+	if _, err := unix.Poll(fds, 100); err != nil {
+		return err
+	}
+	return nil
+}
+
+// runChild re-executes the test binary for one child case.
+func runChild(t *testing.T, name string) (out string, state *os.ProcessState) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+name)
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	_ = cmd.Run()
+	return buf.String(), cmd.ProcessState
+}
+
+func requireSupported(t *testing.T) {
+	t.Helper()
+	if !supported() {
+		t.Skip("this kernel has no seccomp filter mode (CONFIG_SECCOMP_FILTER)")
+	}
+}
+
+func supported() bool {
+	_, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_GET_ACTION_AVAIL, 0, 0)
+	return e != unix.ENOSYS
+}
+
+func TestProgramsAssemble(t *testing.T) {
+	for _, k := range []Kind{Process, VCPU} {
+		for _, m := range []Mode{Kill, Log} {
+			prog, err := Program(k, m)
+			require.NoError(t, err, "kind %s mode %d", k, m)
+			// A filter longer than BPF_MAXINSNS is refused by the kernel.
+			assert.Less(t, len(prog), 4096)
+		}
+	}
+	_, err := Program("printer", Kill)
+	assert.Error(t, err)
+}
+
+// TestVCPUListWithinProcessList: both filters run on a vCPU thread, so a
+// syscall the vCPU list allows but the process list does not would still
+// kill; such an entry is a mistake.
+func TestVCPUListWithinProcessList(t *testing.T) {
+	proc := Allowed(Process)
+	for _, n := range Allowed(VCPU) {
+		assert.True(t, slices.Contains(proc, n), "%s is in the vCPU list but not the process list", n)
+	}
+	for _, k := range []Kind{Process, VCPU} {
+		l := Allowed(k)
+		slices.Sort(l)
+		assert.Equal(t, len(l), len(slices.Compact(l)), "%s list has duplicates", k)
+	}
+	// What the stacked filter takes away from a vCPU thread.
+	for _, n := range []string{"clone", "socket", "execve", "unlinkat", "mkdirat", "seccomp", "memfd_create", "mbind"} {
+		assert.NotContains(t, Allowed(VCPU), n)
+	}
+}
+
+func TestAllowedSyscallsPass(t *testing.T) {
+	requireSupported(t)
+	for _, c := range []string{"process-allowed", "vcpu-allowed", "log-mode"} {
+		t.Run(c, func(t *testing.T) {
+			out, st := runChild(t, c)
+			if !st.Exited() {
+				vs, _ := waitViolations(st.Pid())
+				t.Fatalf("child %s did not exit normally: %v; kernel log: %v\n%s", c, st, vs, out)
+			}
+			require.Equal(t, 0, st.ExitCode(), "child %s:\n%s", c, out)
+			assert.Contains(t, out, "child survived")
+		})
+	}
+}
+
+// TestForbiddenSyscallKills: a syscall outside the list kills the process
+// with SIGSYS before it runs, on an ordinary thread and on a locked thread
+// under the stacked vCPU filter; where the kernel log is readable, its
+// audit line names the syscall and the thread.
+func TestForbiddenSyscallKills(t *testing.T) {
+	requireSupported(t)
+	for _, c := range []struct {
+		name, syscall string
+		vcpu          bool
+	}{
+		{"process-forbidden", "uname", false},
+		{"vcpu-forbidden", "unlinkat", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out, st := runChild(t, c.name)
+			ws, ok := st.Sys().(syscall.WaitStatus)
+			require.True(t, ok)
+			require.True(t, ws.Signaled(), "child was not killed by a signal (%v):\n%s", st, out)
+			require.Equal(t, syscall.SIGSYS, ws.Signal(), "child's signal:\n%s", out)
+			vs, err := waitViolations(st.Pid())
+			if err != nil {
+				t.Logf("the kernel log is not readable here (%v): the syscall's name is not checked", err)
+				return
+			}
+			if len(vs) == 0 {
+				// The audit line is printk-rate-limited and needs
+				// CONFIG_AUDIT; its absence is not the filter's fault.
+				t.Logf("no seccomp audit line for pid %d in the kernel log", st.Pid())
+				return
+			}
+			assert.Equal(t, c.syscall, vs[0].Name, "syscall named by the audit line %v", vs[0])
+			assert.True(t, vs[0].Killed)
+			t.Log(vs[0])
+		})
+	}
+}
+
+// waitViolations reads pid's seccomp audit lines, waiting up to 3 s for
+// them: the kernel's audit thread prints them some time after the kill.
+func waitViolations(pid int) ([]Violation, error) {
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		vs, err := KernelViolations(pid)
+		if err != nil || len(vs) > 0 || time.Now().After(deadline) {
+			return vs, err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestNewThreadsFromALockedThreadGetOnlyTheProcessFilter(t *testing.T) {
+	requireSupported(t)
+	out, st := runChild(t, "locked-thread-spawns")
+	require.True(t, st.Exited(), "child was killed (%v): a thread was cloned from the locked thread?\n%s", st, out)
+	require.Equal(t, 0, st.ExitCode(), "child:\n%s", out)
+	t.Log(strings.TrimSpace(out))
+}
+
+func TestParseAuditLine(t *testing.T) {
+	v, ok := ParseAuditLine(`6,1234,2669151126,-;audit: type=1326 audit(1795522173.112:2): auid=4294967295 uid=0 gid=0 ses=4294967295 pid=28518 comm="vcpu0" exe="/usr/bin/hpcvmm" sig=31 arch=c000003e syscall=63 compat=0 ip=0x40866e code=0x80000000`)
+	require.True(t, ok)
+	assert.Equal(t, Violation{PID: 28518, Comm: "vcpu0", Syscall: 63, Name: "uname", Killed: true}, v)
+	_, ok = ParseAuditLine("audit: type=2000 audit(1795521567.576:1): state=initialized")
+	assert.False(t, ok)
+	assert.Equal(t, "ioctl", Name(16))
+	assert.Equal(t, "syscall 100000", Name(100000))
+}
