@@ -3,6 +3,8 @@ package platform
 import (
 	"sync"
 	"sync/atomic"
+
+	"github.com/hpcvmm/hpcvmm/acpi"
 )
 
 // ACPI hardware-reduced platform registers (ACPI 6.5 §4.1 "Hardware-Reduced
@@ -29,10 +31,9 @@ const (
 	// SLP_EN it powers the machine off.
 	ACPISleepTypeS5 = 5
 
-	sleepTypeShift = 2    // SLP_TYPx: bits 4:2 of the sleep control register
-	sleepTypeMask  = 0x1c // bits 4:2
-	sleepEnable    = 0x20 // SLP_EN: bit 5
-	wakeStatus     = 0x80 // WAK_STS: bit 7 of the sleep status register
+	// sleepTypeMask is SLP_TYPx, bits 4:2 of the sleep control register
+	// (the bit layout is package acpi's, which the FADT describes).
+	sleepTypeMask = 7 << acpi.SleepTypeShift
 )
 
 // ACPIPM is the hardware-reduced sleep control, sleep status and reset
@@ -65,10 +66,10 @@ func (p *ACPIPM) Write(offset uint64, data []byte) {
 	v := data[0]
 	switch offset + ACPISleepControlPort {
 	case ACPISleepControlPort:
-		if v&sleepEnable == 0 {
+		if v&acpi.SleepEnable == 0 {
 			return
 		}
-		if (v&sleepTypeMask)>>sleepTypeShift == ACPISleepTypeS5 {
+		if (v&sleepTypeMask)>>acpi.SleepTypeShift == ACPISleepTypeS5 {
 			p.onPowerOff()
 			return
 		}
@@ -91,11 +92,11 @@ func (p *ACPIPM) Ignored() uint64 { return p.ignored.Load() }
 const (
 	// GEDPowerButton is set when the power button was pressed: _EVT then
 	// notifies \_SB.PWRB with 0x80 (button pressed).
-	GEDPowerButton = 1 << 0
+	GEDPowerButton = acpi.GEDPowerButton
 )
 
 // GEDSize is the GED's MMIO register block: one 32-bit event register.
-const GEDSize = 4
+const GEDSize = acpi.GEDRegisterLen
 
 // GED is the Generic Event Device's event register: Press sets a bit and
 // raises the GED interrupt; the guest's _EVT handler reads the register,

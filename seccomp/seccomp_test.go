@@ -225,10 +225,11 @@ func deviceWork() error {
 		return err
 	}
 	fds := []unix.PollFd{{Fd: int32(efd), Events: unix.POLLIN}}
-	if _, err := unix.Poll(fds, 100); err != nil {
-		return err
+	_, err = unix.Poll(fds, 100)
+	for err == unix.EINTR { // Go's preemption signal, not the filter
+		_, err = unix.Poll(fds, 100)
 	}
-	return nil
+	return err
 }
 
 // runChild re-executes the test binary for one child case.

@@ -7,8 +7,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hpcvmm/hpcvmm/bus"
+	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/host/hosttest"
 	"github.com/hpcvmm/hpcvmm/pci"
+	"github.com/hpcvmm/hpcvmm/pcitopo"
 	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
 
@@ -101,4 +103,55 @@ func rootWith(t *testing.T, l barLayout) *pci.Root {
 	}
 	require.NoError(t, root.AddDevice(1, "gpu", cs))
 	return root
+}
+
+// TestBARSpaceVerdictsAgreeBehindPorts is TestBARSpaceVerdictsAgree for
+// --topology host: two root-bus host devices, each behind its own emulated
+// root port in the guest. On the root bus their BARs (a 512 MiB
+// non-prefetchable 64-bit BAR and a 4 KiB 32-bit one) fit; behind ports
+// both need the 32-bit window (512 MiB + 1 MiB of 512 MiB), so the VM's
+// placement and preflight both refuse it.
+func TestBARSpaceVerdictsAgreeBehindPorts(t *testing.T) {
+	const mib, gib = uint64(1) << 20, uint64(1) << 30
+	a, b := "0000:00:04.0", "0000:00:05.0"
+	tr := hosttest.New(t)
+	tr.Node(0, "0-3", 1<<40)
+	tr.CPUInfo(46)
+	tr.AddDeviceUnder(hosttest.Device{BDF: a, Vendor: 0x1234, DeviceID: 0x11e8, Class: 0x00ff00, Driver: "vfio-pci", NUMANode: 0, IOMMUGroup: 4,
+		Resource: hosttest.Resource(map[int]string{0: hosttest.ResourceLine(0x10_0000_0000, 512*mib, true, false)})})
+	tr.AddDeviceUnder(hosttest.Device{BDF: b, Vendor: 0x1234, DeviceID: 0x11e8, Class: 0x00ff00, Driver: "vfio-pci", NUMANode: 0, IOMMUGroup: 5,
+		Resource: hosttest.Resource(map[int]string{0: hosttest.ResourceLine(0xe000_0000, 4096, false, false)})})
+	h := tr.Host()
+
+	rep := preflight.Run(h, preflight.Request{GPUs: []string{a, b}, Memory: 2 * gib, PageSize: preflight.Page4K, CPUs: 1, NUMANode: -1,
+		PortSlots: PassthroughSlots()})
+	var ports *preflight.Result
+	for i, r := range rep.Results {
+		if r.Name == "bar-space-ports" {
+			ports = &rep.Results[i]
+		}
+	}
+	require.NotNil(t, ports, "preflight checked the ports")
+	assert.Equal(t, preflight.Fail, ports.Status, ports.Detail)
+
+	bdfA, err := host.ParseBDF(a)
+	require.NoError(t, err)
+	bdfB, err := host.ParseBDF(b)
+	require.NoError(t, err)
+	devs, links, err := pcitopo.FromHost(h, []string{"gpu", "gpu"}, []host.BDF{bdfA, bdfB})
+	require.NoError(t, err)
+	plan, err := pcitopo.New(pcitopo.Host, devs, links, PassthroughSlots())
+	require.NoError(t, err)
+	root := pci.NewRoot(pci.RootConfig{MMIO: &bus.Bus{}, PIO: &bus.Bus{}})
+	parents, err := buildPorts(root, plan)
+	require.NoError(t, err)
+	specs := []pci.BARSpec{{Size: 512 * mib, Kind: pci.BARMem64}, {Size: 4096, Kind: pci.BARMem32}}
+	for i, spec := range specs {
+		cs := pci.NewConfigSpace(pci.Header{VendorID: 0x1234, DeviceID: 0x11e8, Class: 0x00ff00})
+		require.NoError(t, cs.SetBAR(0, spec))
+		require.NotNil(t, parents[i], "device %d behind a root port", i)
+		require.NoError(t, root.AddDeviceBelow(parents[i], 0, "dev", cs))
+	}
+	_, vmErr := assignBARs(root, 2*gib, 46)
+	assert.Error(t, vmErr, "the VM refuses the layout behind ports")
 }

@@ -32,7 +32,7 @@ const consoleSlot = 1
 // the guest's physical address limit (the host's: large GPU BARs need it).
 func (vm *VM) addPCI(physBits int) error {
 	vm.irq = newIRQRouter(vm.vm)
-	vm.irq.extDestID = vm.x2apic
+	vm.irq.extDestID = vm.needsX2APIC()
 	onError := func(err error) { vm.log.Warn("pci", "err", err) }
 	vm.pci = pci.NewRoot(pci.RootConfig{MMIO: &vm.mmio, PIO: &vm.pio, OnError: onError})
 	if err := vm.pio.Register(pci.ConfigIOPort, pci.ConfigIOSize, "pci conf1", vm.pci.ConfigIO()); err != nil {

@@ -31,6 +31,7 @@ func (vm *VM) preflightRequest() preflight.Request {
 	req := preflight.Request{
 		Memory: vm.cfg.Memory, PageSize: uint64(vm.cfg.pageSize()), CPUs: vm.cfg.CPUs,
 		NUMANode: vm.place.node, AllowBind: vm.cfg.Passthrough.Bind,
+		FlatTopology: vm.cfg.Topology == TopologyFlat || vm.cfg.NoACPI, PortSlots: PassthroughSlots(),
 	}
 	if vm.pt != nil {
 		for _, sp := range vm.pt.specs {

@@ -35,7 +35,11 @@ func (vm *VM) addACPIDevices() error {
 		_ = vm.vm.IRQLine(gedGSI, false)
 	})
 	vm.ged.OnRead = func(events uint32) {
-		vm.log.Info("guest read the ACPI GED events", "events", fmt.Sprintf("%#x", events))
+		// Only reads that return a press are logged: the guest can read
+		// the register as often as it likes, but only hpcvmm presses.
+		if events != 0 {
+			vm.log.Info("guest read the ACPI GED events", "events", fmt.Sprintf("%#x", events))
+		}
 	}
 	return vm.mmio.Register(addrspace.GEDBase, platform.GEDSize, "acpi ged", vm.ged)
 }

@@ -72,9 +72,6 @@ type VM struct {
 	// CPUID that describes it.
 	topology cputopo.Topology
 	windows  addrspace.Windows // the guest's BAR windows (addPCI)
-	// x2apic is set when some vCPU's APIC ID is above 254: KVM's x2APIC
-	// API is on and the guest is offered the extended destination ID.
-	x2apic bool
 
 	kvm  *uapi.System
 	vm   *uapi.VM
@@ -394,7 +391,7 @@ func (vm *VM) newVCPU(index int, supported []uapi.CPUIDEntry) (_ *vcpu, err erro
 	if err := setupFault(fmt.Sprintf("create vCPU %d", index)); err != nil {
 		return nil, err
 	}
-	cpuid := guestCPUID(supported, vm.topology, index, vm.x2apic)
+	cpuid := guestCPUID(supported, vm.topology, index, vm.needsX2APIC())
 	if err := c.SetCPUID2(cpuid); err != nil {
 		return nil, fmt.Errorf("vCPU %d: %w", index, err)
 	}
@@ -407,7 +404,7 @@ func (vm *VM) newVCPU(index int, supported []uapi.CPUIDEntry) (_ *vcpu, err erro
 		}
 	}
 	msrs := bootMSRs()
-	if vm.x2apic {
+	if vm.needsX2APIC() {
 		msrs = append(msrs, x2APICBaseMSR(index == 0))
 	}
 	if err := c.SetMSRs(msrs); err != nil {

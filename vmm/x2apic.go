@@ -4,12 +4,19 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/hpcvmm/hpcvmm/acpi"
 	"github.com/hpcvmm/hpcvmm/uapi"
 )
 
 // maxXAPICID is the largest APIC ID an xAPIC (8-bit, 0xff broadcast)
-// addresses; vCPUs above it exist only in x2APIC mode.
-const maxXAPICID = 254
+// addresses; vCPUs above it exist only in x2APIC mode, and the MADT lists
+// them as x2APIC entries.
+const maxXAPICID = acpi.MaxXAPICID
+
+// needsX2APIC reports whether some vCPU's APIC ID is beyond the xAPIC range:
+// then KVM's x2APIC API is on (enableX2APIC, or New failed), the guest is
+// offered the extended destination ID and starts in x2APIC mode.
+func (vm *VM) needsX2APIC() bool { return vm.topology.MaxAPICID() > maxXAPICID }
 
 // enableX2APIC prepares KVM for vCPUs with APIC IDs above 254, before any
 // vCPU exists (KVM refuses the capability after): 32-bit APIC IDs in MSI
@@ -27,13 +34,12 @@ const maxXAPICID = 254
 // command line, which is where Linux places every interrupt it does not
 // spread itself; MSI-X queues, which it does spread, work on every vCPU.
 func (vm *VM) enableX2APIC() error {
-	if vm.topology.MaxAPICID() <= maxXAPICID {
+	if !vm.needsX2APIC() {
 		return nil
 	}
 	if err := vm.vm.EnableCap(uapi.CapX2APICAPI, uapi.X2APICAPIUse32BitIDs|uapi.X2APICAPIDisableBroadcastQuirk); err != nil {
 		return fmt.Errorf("vCPUs with APIC IDs above %d need KVM's x2APIC API (KVM_CAP_X2APIC_API, Linux 4.7+): %w", maxXAPICID, err)
 	}
-	vm.x2apic = true // irqRouter.extDestID follows it (addPCI)
 	vm.log.Info("x2APIC: KVM takes 32-bit APIC IDs; the guest gets the extended MSI destination ID",
 		"max_apic_id", vm.topology.MaxAPICID(), "irqaffinity", vm.lowAPICCPUs())
 	return nil
@@ -77,7 +83,7 @@ func (vm *VM) lowAPICCPUs() string {
 // withIRQAffinity adds irqaffinity= for a guest with vCPUs above the xAPIC
 // range, unless the command line already sets it.
 func (vm *VM) withIRQAffinity(cmdline string) string {
-	if vm.topology.MaxAPICID() <= maxXAPICID || strings.Contains(cmdline, "irqaffinity=") {
+	if !vm.needsX2APIC() || strings.Contains(cmdline, "irqaffinity=") {
 		return cmdline
 	}
 	return strings.TrimSpace(cmdline + " irqaffinity=" + vm.lowAPICCPUs())

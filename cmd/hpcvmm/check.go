@@ -41,7 +41,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
   1  a check failed
   2  invalid input`
 	var gpus, vfs bdfList
-	req := preflight.Request{CPUs: 1, Memory: 1 << 30, NUMANode: vmm.NUMANodeAuto, KVMCheck: kvmCapabilityCheck}
+	req := preflight.Request{CPUs: 1, Memory: 1 << 30, NUMANode: vmm.NUMANodeAuto, KVMCheck: kvmCapabilityCheck, PortSlots: vmm.PassthroughSlots()}
 	page := guestmem.Page1G
 	g := c.group("The VM to check")
 	g.Var(&gpus, "gpu", "`BDF`: a PCI device to pass through whole, e.g. 0000:82:00.0 (repeatable; a comma-separated list adds several)")

@@ -1,7 +1,7 @@
 // Package harness runs hpcvmm's integration scenarios on real KVM, either
 // directly on the host (when /dev/kvm is usable) or inside an "L1" Linux guest
 // booted under QEMU's software emulation, which provides a working /dev/kvm,
-// an emulated IOMMU and emulated PCI devices (see ../shared/testbed.md).
+// an emulated IOMMU and emulated PCI devices (see docs/testbed.md).
 //
 // Scenarios are ordinary Go tests in package tests (build tag integration).
 // Each one is written as

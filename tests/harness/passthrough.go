@@ -9,7 +9,7 @@ import (
 )
 
 // The passthrough stand-ins of ProfilePassthrough inside L1 (see
-// ../shared/testbed.md): their addresses are fixed by the profile's QEMU
+// docs/testbed.md): their addresses are fixed by the profile's QEMU
 // arguments.
 const (
 	// EduBDF is QEMU's edu device (1234:11e8), the GPU stand-in: BAR0

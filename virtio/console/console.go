@@ -381,7 +381,27 @@ func (c *Console) reportOut(err error) {
 
 // transmit copies every available transmitq buffer to out and returns it.
 func (c *Console) transmit() error {
-	q := c.tx
+	return c.drainDriverQueue(c.tx, transmitQ, "transmitq", c.writeOut)
+}
+
+// writeOut copies one transmit chain's bytes to the host output.
+func (c *Console) writeOut(ch *queue.Chain) {
+	for i := range ch.Segments {
+		if len(ch.Segments[i].Buf) == 0 {
+			continue
+		}
+		if _, err := c.out.Write(ch.Segments[i].Buf); err != nil {
+			c.reportOut(err)
+		}
+	}
+}
+
+// drainDriverQueue consumes every chain the driver made available on a
+// driver-to-device queue (port 0's transmitq, the control transmitq): a
+// chain with a device-writable buffer is a ring violation; use sees each
+// chain before it is returned with length 0; the queue's interrupt is
+// raised once, if the driver wants one. use must not keep ch.
+func (c *Console) drainDriverQueue(q *queue.Queue, idx int, name string, use func(ch *queue.Chain)) error {
 	if q == nil {
 		return nil
 	}
@@ -391,22 +411,15 @@ func (c *Console) transmit() error {
 		for {
 			ok, err := q.Pop(ch)
 			if err != nil {
-				return fmt.Errorf("virtio-console transmitq: %w", err)
+				return fmt.Errorf("virtio-console %s: %w", name, err)
 			}
 			if !ok {
 				break
 			}
 			if ch.WritableLen > 0 || hasWritable(ch) {
-				return fmt.Errorf("virtio-console transmitq: chain %d has device-writable buffers", ch.Head)
+				return fmt.Errorf("virtio-console %s: chain %d has device-writable buffers", name, ch.Head)
 			}
-			for i := range ch.Segments {
-				if len(ch.Segments[i].Buf) == 0 {
-					continue
-				}
-				if _, err := c.out.Write(ch.Segments[i].Buf); err != nil {
-					c.reportOut(err)
-				}
-			}
+			use(ch)
 			if err := q.Push(ch.Head, 0); err != nil {
 				return err
 			}
@@ -416,7 +429,7 @@ func (c *Console) transmit() error {
 		}
 	}
 	if q.NeedInterrupt() {
-		c.interrupt(transmitQ)
+		c.interrupt(idx)
 	}
 	return nil
 }

@@ -7,57 +7,36 @@ import (
 	"encoding/binary"
 	"fmt"
 	"time"
+
+	"github.com/hpcvmm/hpcvmm/virtio/queue"
 )
 
 // receiveControl handles every message on the control transmitq. Ring
 // violations (a device-writable buffer) are errors like on port 0's
 // transmitq; a malformed message is reported and ignored.
 func (c *Console) receiveControl() error {
-	q := c.cout
-	if q == nil {
-		return nil
-	}
-	ch := c.chain
-	for {
-		q.DisableNotify()
-		for {
-			ok, err := q.Pop(ch)
-			if err != nil {
-				return fmt.Errorf("virtio-console control transmitq: %w", err)
-			}
-			if !ok {
-				break
-			}
-			if ch.WritableLen > 0 || hasWritable(ch) {
-				return fmt.Errorf("virtio-console control transmitq: chain %d has device-writable buffers", ch.Head)
-			}
-			// Linux sends the 8-byte header in one buffer; gather it
-			// from however many the guest used. Bytes past the header
-			// carry nothing a driver sends.
-			n := 0
-			for i := range ch.Segments {
-				n += copy(c.ctlRecvBuf[n:], ch.Segments[i].Buf)
-				if n == len(c.ctlRecvBuf) {
-					break
-				}
-			}
-			if err := q.Push(ch.Head, 0); err != nil {
-				return err
-			}
-			c.handleControl(c.ctlRecvBuf[:n], ch.ReadableLen)
-		}
-		if !q.EnableNotify() {
-			break
-		}
-	}
-	if q.NeedInterrupt() {
-		c.interrupt(ctlSendQ)
+	if err := c.drainDriverQueue(c.cout, ctlSendQ, "control transmitq", c.readControl); err != nil {
+		return err
 	}
 	if err := c.sendControl(); err != nil {
 		return err
 	}
 	// PORT_OPEN may have opened the gate for input already waiting.
 	return c.fillReceive()
+}
+
+// readControl applies the control message in one chain. Linux sends the
+// 8-byte header in one buffer; it is gathered from however many the guest
+// used, and bytes past it carry nothing a driver sends.
+func (c *Console) readControl(ch *queue.Chain) {
+	n := 0
+	for i := range ch.Segments {
+		n += copy(c.ctlRecvBuf[n:], ch.Segments[i].Buf)
+		if n == len(c.ctlRecvBuf) {
+			break
+		}
+	}
+	c.handleControl(c.ctlRecvBuf[:n], ch.ReadableLen)
 }
 
 // handleControl applies one driver message (msg is its first bytes, total

@@ -195,7 +195,13 @@ func FuzzConsole(f *testing.F) {
 			case <-time.After(30 * time.Second):
 				t.Fatal("the console's reader did not take host input within 30 s: it still holds earlier input")
 			}
-			if k, err := unix.Poll(r.pollFD, 30000); k != 1 || err != nil {
+			// Poll again after EINTR: Go's preemption signal (SIGURG)
+			// interrupts it now and then, which is no fault of the device.
+			k, err := unix.Poll(r.pollFD, 30000)
+			for err == unix.EINTR {
+				k, err = unix.Poll(r.pollFD, 30000)
+			}
+			if k != 1 || err != nil {
 				t.Fatalf("host input never signalled the console's eventfd (%d, %v)", k, err)
 			}
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hpcvmm/hpcvmm/addrspace"
 	"github.com/hpcvmm/hpcvmm/guestmem"
+	"github.com/hpcvmm/hpcvmm/pcitopo"
 
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/ibvf"
@@ -31,6 +32,13 @@ type Request struct {
 	CPUs int `json:"cpus"`
 	// NUMANode is the node to run on, or -1 to choose (see ChooseNode).
 	NUMANode int `json:"numa_node"`
+	// FlatTopology says the guest puts the devices on its root bus
+	// (--topology flat, --acpi=off); otherwise they sit behind emulated
+	// PCIe ports (pcitopo), whose windows the BAR check takes into account.
+	FlatTopology bool `json:"flat_topology"`
+	// PortSlots are the guest's bus-0 slots for the devices' root ports
+	// (vmm.PassthroughSlots); empty skips the check behind ports.
+	PortSlots []int `json:"port_slots,omitempty"`
 	// AllowBind says hpcvmm will rebind devices held by a host driver to
 	// vfio-pci itself (hpcvmm run --bind): such a device is a warning, not
 	// a failure.
@@ -520,12 +528,86 @@ func orNone(s string) string {
 }
 
 // barSpace checks that every requested device's BARs fit the guest's MMIO
-// windows, placed by addrspace.Plan: the call the VM makes, so a layout
-// passes here exactly when the VM accepts it. I/O BARs and SR-IOV VF BARs
+// windows, placed by addrspace.Plan (on the root bus) and, with the host
+// topology, by addrspace.PlanHierarchy behind the devices' PCIe ports: the
+// calls the VM makes, so a layout passes here exactly when the VM accepts it. I/O BARs and SR-IOV VF BARs
 // (lines 7-12, which belong to the VFs, not the PF's guest) are not placed.
 // hpcvmm's own virtio devices add a few 16 KiB BARs, which the largest-first
 // rule places last, in gaps the device BARs leave.
 func (c *checker) barSpace() {
+	c.barSpaceFlat()
+	c.barSpaceBehindPorts()
+}
+
+// barSpaceBehindPorts checks the layout --topology host gives the devices:
+// behind the emulated PCIe ports pcitopo plans for them, placed by
+// addrspace.PlanHierarchy over Plan.Placement — what pci.Root.AssignBARs
+// does in the VM — so a set that fits on the root bus but not in the
+// ports' windows (each rounded to 1 MiB and aligned to its largest BAR, and
+// non-prefetchable 64-bit BARs in the 32-bit window) fails here as in the VM.
+// A host whose tree cannot be read gets the flat layout in the VM, which
+// barSpaceFlat has checked.
+func (c *checker) barSpaceBehindPorts() {
+	if c.req.FlatTopology || len(c.req.PortSlots) == 0 || len(c.devs) == 0 {
+		return
+	}
+	physBits, err := c.h.PhysAddrBits()
+	if err != nil {
+		return // barSpaceFlat warned
+	}
+	w, err := addrspace.NewWindows(c.req.Memory, uint(physBits))
+	if err != nil {
+		return // barSpaceFlat failed
+	}
+	names := make([]string, len(c.devs))
+	bdfs := make([]host.BDF, len(c.devs))
+	for i, rd := range c.devs {
+		names[i], bdfs[i] = "gpu", rd.d.BDF
+		if rd.isVF {
+			names[i] = "vf"
+		}
+	}
+	devs, links, err := pcitopo.FromHost(c.h, names, bdfs)
+	if err != nil {
+		return
+	}
+	plan, err := pcitopo.New(pcitopo.Host, devs, links, c.req.PortSlots)
+	if err != nil {
+		c.add("bar-space-ports", "vm", Fail, "use --topology flat", "guest PCIe topology: %v", err)
+		return
+	}
+	bridges, behind, order := plan.Placement()
+	if len(bridges) == 0 {
+		return
+	}
+	var bars []addrspace.BAR
+	for _, i := range order {
+		d := c.devs[i].d
+		for _, b := range d.BARs {
+			if b.Index >= host.ROMIndex || b.Size == 0 {
+				continue
+			}
+			bar := addrspace.BAR{Owner: d.BDF.String(), Index: b.Index, Kind: addrspace.Mem32, Size: powerOfTwo(b.Size),
+				Prefetchable: b.Prefetchable, Behind: behind[i]}
+			switch {
+			case b.IO:
+				bar.Kind = addrspace.IO
+			case b.Mem64:
+				bar.Kind = addrspace.Mem64
+			}
+			bars = append(bars, bar)
+		}
+	}
+	if _, err := addrspace.PlanHierarchy(w, bridges, bars); err != nil {
+		c.add("bar-space-ports", "vm", Fail, "use --topology flat, less --memory or fewer devices",
+			"behind the %d emulated PCIe ports of --topology host: %v", len(bridges), err)
+		return
+	}
+	c.add("bar-space-ports", "vm", Pass, "", "%d BARs fit behind the %d emulated PCIe ports of --topology host", len(bars), len(bridges))
+}
+
+// barSpaceFlat checks the BARs on the guest's root bus.
+func (c *checker) barSpaceFlat() {
 	if len(c.devs) == 0 {
 		return
 	}

@@ -590,3 +590,38 @@ func TestStatusText(t *testing.T) {
 	var s preflight.Status
 	assert.Error(t, s.UnmarshalText([]byte("maybe")))
 }
+
+// TestBARSpaceBehindPorts: two devices on the host's root bus each get an
+// emulated root port with --topology host. On the root bus a 512 MiB
+// non-prefetchable 64-bit BAR goes in the 64-bit window and a 4 KiB 32-bit
+// BAR in the 32-bit one: both fit. Behind a port a non-prefetchable BAR
+// needs the port's 32-bit window, so the two ports need 512 MiB + 1 MiB of
+// the 512 MiB window: the VM (pci.Root.AssignBARs, PlanHierarchy) refuses
+// that layout, so preflight must too; with --topology flat it passes.
+func TestBARSpaceBehindPorts(t *testing.T) {
+	tr := hosttest.New(t)
+	tr.Node(0, "0-7", 32*gib, hosttest.Pool{Size: gib, Total: 8, Free: 8})
+	tr.CPUInfo(46)
+	tr.Interrupts(true)
+	tr.KVM()
+	a, b := "0000:00:04.0", "0000:00:05.0"
+	tr.AddDeviceUnder(hosttest.Device{BDF: a, Vendor: 0x1234, DeviceID: 0x11e8, Class: 0x00ff00, Driver: "vfio-pci", NUMANode: 0, IOMMUGroup: 4,
+		Resource: hosttest.Resource(map[int]string{0: hosttest.ResourceLine(0x10_0000_0000, 512*mib, true, false)})})
+	tr.AddDeviceUnder(hosttest.Device{BDF: b, Vendor: 0x1234, DeviceID: 0x11e8, Class: 0x00ff00, Driver: "vfio-pci", NUMANode: 0, IOMMUGroup: 5,
+		Resource: hosttest.Resource(map[int]string{0: hosttest.ResourceLine(0xe000_0000, 4096, false, false)})})
+	h := tr.Host()
+	asRoot(h)
+	req := preflight.Request{GPUs: []string{a, b}, Memory: 2 * gib, PageSize: preflight.Page1G, CPUs: 1, NUMANode: -1,
+		PortSlots: []int{10, 11, 12, 13}}
+	r := preflight.Run(h, req)
+	assert.Equal(t, preflight.Pass, find(t, r, "bar-space-32bit", "vm").Status, "on the root bus they fit")
+	assert.Equal(t, preflight.Pass, find(t, r, "bar-space", "vm").Status)
+	x := find(t, r, "bar-space-ports", "vm")
+	assert.Equal(t, preflight.Fail, x.Status, x.Detail)
+	assert.Contains(t, x.Detail, "behind the 2 emulated PCIe ports")
+	assert.Contains(t, x.Fix, "--topology flat")
+
+	req.FlatTopology = true
+	r = preflight.Run(h, req)
+	assert.False(t, has(r, "bar-space-ports"), "no ports with --topology flat")
+}
