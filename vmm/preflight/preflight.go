@@ -600,10 +600,10 @@ func (c *checker) barSpaceBehindPorts() {
 	}
 	if _, err := addrspace.PlanHierarchy(w, bridges, bars); err != nil {
 		c.add("bar-space-ports", "vm", Fail, "use --topology flat, less --memory or fewer devices",
-			"behind the %d emulated PCIe ports of --topology host: %v", len(bridges), err)
+			"behind the emulated PCIe ports of --topology host (%d): %v", len(bridges), err)
 		return
 	}
-	c.add("bar-space-ports", "vm", Pass, "", "%d BARs fit behind the %d emulated PCIe ports of --topology host", len(bars), len(bridges))
+	c.add("bar-space-ports", "vm", Pass, "", "%d BARs fit behind the emulated PCIe ports of --topology host (%d)", len(bars), len(bridges))
 }
 
 // barSpaceFlat checks the BARs on the guest's root bus.

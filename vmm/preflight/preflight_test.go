@@ -618,7 +618,7 @@ func TestBARSpaceBehindPorts(t *testing.T) {
 	assert.Equal(t, preflight.Pass, find(t, r, "bar-space", "vm").Status)
 	x := find(t, r, "bar-space-ports", "vm")
 	assert.Equal(t, preflight.Fail, x.Status, x.Detail)
-	assert.Contains(t, x.Detail, "behind the 2 emulated PCIe ports")
+	assert.Contains(t, x.Detail, "behind the emulated PCIe ports of --topology host (2)")
 	assert.Contains(t, x.Fix, "--topology flat")
 
 	req.FlatTopology = true
