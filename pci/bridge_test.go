@@ -131,6 +131,7 @@ func TestBridgeBusNumbersAndRouting(t *testing.T) {
 	assert.Equal(t, [3]uint32{2, 3, 3}, bus(0, 2), "downstream port 0")
 	assert.Equal(t, [3]uint32{2, 4, 4}, bus(1, 2), "downstream port 1")
 	assert.Equal(t, [3]uint32{0, 5, 5}, bus(6, 0), "second root port")
+	assert.Equal(t, uint8(5), r.root.LastBus(), "the highest bus given out, what MCFG declares")
 	for _, x := range []struct {
 		bus  int
 		dev  *testDev

@@ -57,12 +57,12 @@ func TestACPIPlatform(t *testing.T) {
 
 // TestACPIPowerButton sends SIGTERM to hpcvmm while the guest waits for its
 // power button: hpcvmm presses the ACPI power button, the guest's GED
-// interrupt fires and its _EVT method reads the press from the event
-// register (hpcvmm logs the read), and the guest then powers off through
-// the ACPI sleep control register (S5), so hpcvmm exits 0 within
-// --shutdown-timeout. Whether the press also reached the guest's input
-// layer (/dev/input) is recorded: in the test bed it has not yet (the
-// closing note of the ACPI work says what was seen).
+// interrupt fires, its _EVT method reads the press from the event register
+// (hpcvmm logs the read) and notifies \_SB.PWRB, the guest's button driver
+// turns that into KEY_POWER on the "Power Button" input device, and the
+// guest's handler (a reader of that device) writes a marker and powers off
+// through the ACPI sleep control register (S5), so hpcvmm exits 0 within
+// --shutdown-timeout.
 // TestSIGTERMStopsTheVMAndReleasesItsHugepages is the guest that ignores
 // the button.
 func TestACPIPowerButton(t *testing.T) {
@@ -82,6 +82,8 @@ func TestACPIPowerButton(t *testing.T) {
 		assert.Equal(t, 0, code, "exit status after the guest powered off")
 		g := vm.GuestResults()
 		assert.Equal(t, "1", g["ged_irqs"], "GED interrupts the guest took")
+		assert.Equal(t, "input-event", g["power_button"], "the press reached the guest's input layer")
+		assert.Contains(t, vm.Console(), "HPCVMM-GUEST-MARKER power-button-handled", "the guest's power-button handler ran")
 		log := vm.Log()
 		assert.Contains(t, log, "ACPI power button pressed")
 		assert.Contains(t, log, `guest read the ACPI GED events" events=0x1`, "the guest's _EVT read the press")

@@ -8,7 +8,6 @@ import (
 	"github.com/hpcvmm/hpcvmm/boot"
 	"github.com/hpcvmm/hpcvmm/cputopo"
 	"github.com/hpcvmm/hpcvmm/host"
-	"github.com/hpcvmm/hpcvmm/pci"
 	"github.com/hpcvmm/hpcvmm/platform"
 )
 
@@ -28,7 +27,10 @@ func (vm *VM) acpiPlatform(w addrspace.Windows) acpi.Platform {
 		RSDPAddr: boot.ACPIAreaStart,
 		IOAPIC:   acpi.IOAPIC{ID: 0, Addr: boot.IOAPICAddr, GSIBase: 0, Pins: boot.IOAPICPins},
 		PCI: acpi.PCIHostBridge{
-			ECAMBase: addrspace.ECAMBase, BusStart: 0, BusEnd: uint8(pci.ECAMSize/pci.ECAMBusSize - 1),
+			// Only the buses that exist (pci.Root.LastBus says why); the
+			// e820 reservation still covers all of ECAM, so the guest
+			// never places anything in the rest.
+			ECAMBase: addrspace.ECAMBase, BusStart: 0, BusEnd: vm.pci.LastBus(),
 			IO:     acpi.Window{Base: w.IO.GPA, Size: w.IO.Size},
 			MMIO32: acpi.Window{Base: w.Mem32.GPA, Size: w.Mem32.Size},
 			MMIO64: acpi.Window{Base: w.Mem64.GPA, Size: w.Mem64.Size},
