@@ -1,10 +1,10 @@
 // Command prefaultrepro measures how fast this host's kernel faults in
 // hugetlb memory, by strategy, page size, worker count and worker placement,
 // and how fast the same threads can rewrite the pages once they exist. It
-// imports nothing of hpcvmm: it is the outside reference that hpcvmm's own
-// prefault (package guestmem) is compared with (issue 18, part 1), so a gap
-// between the two is hpcvmm's and a limit both share is the kernel's or the
-// machine's.
+// uses nothing of hpcvmm's prefault (package guestmem), only package uapi's
+// mbind system call wrapper for -mbind: it is the outside reference hpcvmm's
+// prefault is compared with (issue 18, part 1), so a gap between the two is
+// hpcvmm's and a limit both share is the kernel's or the machine's.
 //
 // Every round creates a fresh hugetlb memfd, maps it (which reserves the
 // pages), faults every page in with the chosen strategy, then unmaps and
@@ -48,6 +48,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/hpcvmm/hpcvmm/uapi"
 )
 
 const (
@@ -64,6 +66,8 @@ type config struct {
 	rounds     int
 	pin        bool
 	ceiling    bool
+	mbind      int // NUMA node to bind each round's mapping to, -1 for none
+	procs      int // GOMAXPROCS; 0: the largest worker count + 2
 	cpus       []int
 }
 
@@ -93,6 +97,8 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.rounds, "rounds", 4, "rounds per configuration; the first counts as cold")
 	fs.BoolVar(&c.pin, "pin", true, "pin worker i to the i-th CPU this process may use (round robin when there are more workers)")
 	fs.BoolVar(&c.ceiling, "ceiling", false, "also rewrite the faulted pages with the same threads: REP STOSB per 4 KiB and per page, and non-temporal stores")
+	fs.IntVar(&c.mbind, "mbind", -1, "bind each round's mapping to this NUMA node with mbind(MPOL_BIND, MPOL_MF_STRICT) before the first touch, as hpcvmm does (-1: no binding)")
+	fs.IntVar(&c.procs, "procs", 0, "GOMAXPROCS (0: the largest worker count + 2, so no worker returning from the kernel waits for a P)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -162,14 +168,18 @@ type result struct {
 }
 
 func run(c config) error {
-	runtime.GOMAXPROCS(max(runtime.GOMAXPROCS(0), slices.Max(c.workers)+2))
-	fmt.Printf("# prefaultrepro: %d GiB per round, CPUs %d, pin %v, chunk %d MiB, kernel %s\n", c.sizeGiB, len(c.cpus), c.pin, c.chunk/mib, kernelRelease())
+	if c.procs > 0 {
+		runtime.GOMAXPROCS(c.procs)
+	} else {
+		runtime.GOMAXPROCS(max(runtime.GOMAXPROCS(0), slices.Max(c.workers)+2))
+	}
+	fmt.Printf("# prefaultrepro: %d GiB per round, CPUs %d, pin %v, chunk %d MiB, mbind %d, GOMAXPROCS %d, kernel %s\n", c.sizeGiB, len(c.cpus), c.pin, c.chunk/mib, c.mbind, runtime.GOMAXPROCS(0), kernelRelease())
 	var results []result
 	for _, page := range c.pages {
 		size := uint64(c.sizeGiB) * gib
 		for _, strat := range c.strategies {
 			for _, w := range c.workers {
-				r := result{name: fmt.Sprintf("%s %-9s workers=%-3d", pageName(page), strat, w)}
+				r := result{name: fmt.Sprintf("%s %-9s workers=%-3d pin=%-5v chunk=%dM mbind=%d procs=%d", pageName(page), strat, w, c.pin, max(c.chunk, page)/mib, c.mbind, runtime.GOMAXPROCS(0))}
 				for round := 1; round <= c.rounds; round++ {
 					rate, calls, err := prefaultRound(c, page, size, strat, w)
 					if err != nil {
@@ -263,6 +273,17 @@ func newMemfd(page, size uint64, mapIt bool) (*memfd, error) {
 	return m, nil
 }
 
+// bind applies the NUMA policy hpcvmm applies before the first touch.
+func (m *memfd) bind(node int) error {
+	if node < 0 || m.data == nil {
+		return nil
+	}
+	if err := uapi.Mbind(m.data, uapi.MPolBind, []int{node}, uapi.MPolMFStrict); err != nil {
+		return fmt.Errorf("mbind to node %d: %w", node, err)
+	}
+	return nil
+}
+
 func (m *memfd) mmap(size uint64) error {
 	d, err := unix.Mmap(m.fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
@@ -319,6 +340,9 @@ func prefaultRound(c config, page, size uint64, strat string, w int) (float64, s
 		return 0, "", err
 	}
 	defer m.close()
+	if err := m.bind(c.mbind); err != nil {
+		return 0, "", err
+	}
 	chunk := max(c.chunk, page)
 	if strat == "split" {
 		// One contiguous, page-aligned share per worker.
