@@ -221,11 +221,16 @@ func New(cfg Config) (_ *VM, err error) {
 	// Guest RAM: reserved, bound and prefaulted before the VM exists, so
 	// a short hugepage pool fails here and not as a SIGBUS in the guest.
 	memStart := time.Now()
+	pfCPUs, pfWorkers, err := prefaultPlan(vm.place, cfg.PrefaultWorkers, affinity)
+	if err != nil {
+		return nil, err
+	}
 	vm.mem, err = guestmem.New(guestmem.Options{
 		Size:         cfg.Memory,
 		PageSize:     cfg.pageSize(),
 		Node:         vm.place.node,
-		PrefaultCPUs: vm.place.nodeCPUs,
+		PrefaultCPUs: pfCPUs,
+		Workers:      pfWorkers,
 		Progress:     cfg.Progress,
 	})
 	if err != nil {
