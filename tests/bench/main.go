@@ -14,8 +14,11 @@
 // a virtio-net and a virtio-console transfer from KVM's own statistics; the
 // VMM's resident memory beyond guest RAM; the time in VFIO_IOMMU_MAP_DMA and
 // the number of calls to DMA-map 1-4 GiB of guest RAM on each page size, with
-// a device passed through (L1 only, dmamap.go). Each case runs -reps times per
-// VMM; the tables give median, min and max and the ratio hpcvmm/peer.
+// a device passed through (L1 only, dmamap.go); and, on the host only, the
+// prefault scaling case (scaling.go): guestmem.New on 16 GiB of 2 MiB and 1
+// GiB pages with 1 up to all of the node's CPUs, beside the machine's write
+// bandwidth. Each case runs -reps times per VMM; the tables give median, min
+// and max and the ratio hpcvmm/peer.
 //
 // Where: booting guests needs hardware KVM. On a host without it (no
 // /dev/kvm, or the kvm_pvm backend) the suite boots one L1 guest of the
@@ -23,7 +26,8 @@
 // QEMU with its libraries and firmware and gokvm into L1; absolute times
 // from the emulated L1 are only good for ratios. The prefault cases need no
 // KVM and also run on the host itself, where their absolute GiB/s mean
-// something.
+// something. `-cases prefault-scaling` alone builds nothing and needs only
+// hugepages: it runs on any host, as root with -scaling-reserve.
 //
 // The suite is a command, not a test, so the default `go test ./...` never
 // runs it. Its own unit tests (parsing, statistics, tables) are fast.

@@ -302,7 +302,7 @@ func scalingSection(rep *Report, ix statIndex, stats []Stat) string {
 	})
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n**Prefault scaling** (host; %s of guest RAM per run bound to node %s, workers pinned to its CPUs %s as hpcvmm pins them; `guestmem.New`; GiB/s, median (min–max) of the measured rounds, each after one unmeasured first touch of the pool; "+
-		"efficiency: the rate over workers × the one-worker rate; rewrite: the same number of threads, pinned alike, zeroing the same faulted pages with non-temporal stores, the machine's write bandwidth).\n\n",
+		"efficiency: the rate over workers × the one-worker rate; rewrite: the same number of threads, pinned alike, zeroing the same faulted pages with non-temporal stores after the last round, the machine's write bandwidth).\n\n",
 		orUnknown(rep.Host["scaling_size"]), orUnknown(rep.Host["scaling_node"]), orUnknown(rep.Host["scaling_cpus"]))
 	b.WriteString("| page | workers | prefault GiB/s | efficiency | rewrite GiB/s | prefault/rewrite |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
 	one := map[string]float64{}

@@ -66,8 +66,9 @@ type config struct {
 	rounds     int
 	pin        bool
 	ceiling    bool
-	mbind      int // NUMA node to bind each round's mapping to, -1 for none
-	procs      int // GOMAXPROCS; 0: the largest worker count + 2
+	mbind      int  // NUMA node to bind each round's mapping to, -1 for none
+	reuse      bool // one memfd for all rounds, its pages punched out after each
+	procs      int  // GOMAXPROCS; 0: the largest worker count + 2
 	cpus       []int
 }
 
@@ -98,6 +99,7 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&c.pin, "pin", true, "pin worker i to the i-th CPU this process may use (round robin when there are more workers)")
 	fs.BoolVar(&c.ceiling, "ceiling", false, "also rewrite the faulted pages with the same threads: REP STOSB per 4 KiB and per page, and non-temporal stores")
 	fs.IntVar(&c.mbind, "mbind", -1, "bind each round's mapping to this NUMA node with mbind(MPOL_BIND, MPOL_MF_STRICT) before the first touch, as hpcvmm does (-1: no binding)")
+	fs.BoolVar(&c.reuse, "reuse", false, "keep one memfd (and mapping) for all rounds of a page size, punching its pages out after each round, instead of a fresh memfd per round")
 	fs.IntVar(&c.procs, "procs", 0, "GOMAXPROCS (0: the largest worker count + 2, so no worker returning from the kernel waits for a P)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -179,7 +181,7 @@ func run(c config) error {
 		size := uint64(c.sizeGiB) * gib
 		for _, strat := range c.strategies {
 			for _, w := range c.workers {
-				r := result{name: fmt.Sprintf("%s %-9s workers=%-3d pin=%-5v chunk=%dM mbind=%d procs=%d", pageName(page), strat, w, c.pin, max(c.chunk, page)/mib, c.mbind, runtime.GOMAXPROCS(0))}
+				r := result{name: fmt.Sprintf("%s %-9s workers=%-3d pin=%-5v chunk=%dM mbind=%d procs=%d reuse=%v", pageName(page), strat, w, c.pin, max(c.chunk, page)/mib, c.mbind, runtime.GOMAXPROCS(0), c.reuse)}
 				for round := 1; round <= c.rounds; round++ {
 					rate, calls, err := prefaultRound(c, page, size, strat, w)
 					if err != nil {
@@ -334,14 +336,41 @@ func pinned(c config, n int, fn func(i int) error) (time.Duration, error) {
 	return time.Since(t0), errors.Join(errs...)
 }
 
+// reused is the memfd -reuse keeps across rounds, per page size.
+var reused = map[uint64]*memfd{}
+
 func prefaultRound(c config, page, size uint64, strat string, w int) (float64, string, error) {
-	m, err := newMemfd(page, size, strat != "fallocate")
-	if err != nil {
-		return 0, "", err
-	}
-	defer m.close()
-	if err := m.bind(c.mbind); err != nil {
-		return 0, "", err
+	var m *memfd
+	if c.reuse && strat != "fallocate" {
+		// One file for every round: the kernel's hugetlb fault mutex is
+		// chosen by hashing the file's mapping and the page index, so the
+		// same file gives every round the same pairs of pages that share a
+		// mutex, where a fresh file draws new ones.
+		if m = reused[page]; m == nil {
+			var err error
+			if m, err = newMemfd(page, size, true); err != nil {
+				return 0, "", err
+			}
+			if err := m.bind(c.mbind); err != nil {
+				return 0, "", err
+			}
+			reused[page] = m
+		}
+		defer func() {
+			// Free the pages to the pool and keep the file and mapping.
+			if err := unix.Fallocate(m.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, int64(size)); err != nil {
+				fmt.Fprintln(os.Stderr, "prefaultrepro: punching the pages out:", err)
+			}
+		}()
+	} else {
+		var err error
+		if m, err = newMemfd(page, size, strat != "fallocate"); err != nil {
+			return 0, "", err
+		}
+		defer m.close()
+		if err := m.bind(c.mbind); err != nil {
+			return 0, "", err
+		}
 	}
 	chunk := max(c.chunk, page)
 	if strat == "split" {
