@@ -177,6 +177,11 @@ func New(cfg Config) (_ *VM, err error) {
 	if vm.place, err = choosePlacement(&cfg, h, devNode); err != nil {
 		return nil, err
 	}
+	// Checked here, with the placement, before anything on the host changes.
+	pfCPUs, pfWorkers, err := prefaultPlan(vm.place, cfg.PrefaultWorkers, affinity)
+	if err != nil {
+		return nil, err
+	}
 	if vm.topology, err = vm.chooseTopology(h); err != nil {
 		return nil, fieldErr("CPUs", "%v", err)
 	}
@@ -221,10 +226,6 @@ func New(cfg Config) (_ *VM, err error) {
 	// Guest RAM: reserved, bound and prefaulted before the VM exists, so
 	// a short hugepage pool fails here and not as a SIGBUS in the guest.
 	memStart := time.Now()
-	pfCPUs, pfWorkers, err := prefaultPlan(vm.place, cfg.PrefaultWorkers, affinity)
-	if err != nil {
-		return nil, err
-	}
 	vm.mem, err = guestmem.New(guestmem.Options{
 		Size:         cfg.Memory,
 		PageSize:     cfg.pageSize(),
