@@ -66,6 +66,12 @@ type Config struct {
 	Stdin io.Reader
 	// Stdout receives the guest's console output; nil means os.Stdout.
 	Stdout io.Writer
+	// PrefaultWorkers is the number of threads that fault guest RAM in
+	// before the guest starts, each pinned to its own CPU of the guest's
+	// node; at most the node's CPUs this process may run on. 0 means all of
+	// them: prefault ends before any vCPU runs, so no CPU of the node is
+	// busy with a vCPU yet.
+	PrefaultWorkers int
 	// Progress receives human-readable progress (prefault) when an
 	// operation takes more than a second; nil for none.
 	Progress io.Writer
@@ -187,6 +193,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, fieldErr("Memory", "%s is too small: a Linux guest needs at least %s", guestmem.FormatSize(c.Memory), guestmem.FormatSize(minMemory)))
 	case page != 0 && c.Memory%uint64(page) != 0:
 		errs = append(errs, fieldErr("Memory", "%s is not a multiple of the %s page size: use a multiple (e.g. %s) or another --hugepages", guestmem.FormatSize(c.Memory), page, guestmem.FormatSize((c.Memory/uint64(page)+1)*uint64(page))))
+	}
+	if c.PrefaultWorkers < 0 {
+		errs = append(errs, fieldErr("PrefaultWorkers", "%d workers: want 1 or more, or 0 for one per CPU of the guest's node", c.PrefaultWorkers))
 	}
 	if c.NUMANode < NUMANodeAuto {
 		errs = append(errs, fieldErr("NUMANode", "node %d is not a node number", c.NUMANode))

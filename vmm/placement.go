@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
@@ -112,4 +114,46 @@ func cpuSet(nodeOf map[int]int) map[int]bool {
 		out[c] = true
 	}
 	return out
+}
+
+// affinity returns the CPUs this process may run on (its cpuset under
+// Slurm or systemd); a variable so tests can narrow it.
+var affinity = func() (unix.CPUSet, error) {
+	var set unix.CPUSet
+	err := unix.SchedGetaffinity(0, &set)
+	return set, err
+}
+
+// prefaultPlan picks the prefault workers' CPUs and count: the CPUs of the
+// guest's node this process may run on (a job's cpuset may hold only some
+// of them, and pinning to a CPU outside it fails), one worker per CPU, or
+// the requested number of them. Prefault ends before the first vCPU runs,
+// so no CPU of the node is taken by a vCPU yet. A process allowed none of
+// the node's CPUs still binds the memory to the node and runs unpinned
+// workers, one per CPU it may use: the pages come from the node either way,
+// only the clearing crosses the interconnect.
+func prefaultPlan(p placement, requested int, allowedFn func() (unix.CPUSet, error)) (cpus []int, workers int, err error) {
+	allowed, err := allowedFn()
+	if err != nil {
+		return nil, 0, fmt.Errorf("prefault workers: sched_getaffinity: %w", err)
+	}
+	for _, c := range p.nodeCPUs {
+		if c >= 0 && c < 1024 && allowed.IsSet(c) {
+			cpus = append(cpus, c)
+		}
+	}
+	avail := len(cpus)
+	what := fmt.Sprintf("the %d CPUs of node %d this process may use (%s)", avail, p.node, host.FormatCPUList(cpus))
+	if avail == 0 {
+		avail = max(allowed.Count(), 1)
+		what = fmt.Sprintf("this process may use none of node %d's CPUs, and %d others", p.node, avail)
+		cpus = nil
+	}
+	if requested > avail {
+		return nil, 0, fieldErr("PrefaultWorkers", "%d workers: more than %s; each worker needs a CPU of its own (sharing one measured no faster): pass at most %d, or 0 for all of them", requested, what, avail)
+	}
+	if requested == 0 {
+		requested = avail
+	}
+	return cpus, requested, nil
 }

@@ -177,6 +177,11 @@ func New(cfg Config) (_ *VM, err error) {
 	if vm.place, err = choosePlacement(&cfg, h, devNode); err != nil {
 		return nil, err
 	}
+	// Checked here, with the placement, before anything on the host changes.
+	pfCPUs, pfWorkers, err := prefaultPlan(vm.place, cfg.PrefaultWorkers, affinity)
+	if err != nil {
+		return nil, err
+	}
 	if vm.topology, err = vm.chooseTopology(h); err != nil {
 		return nil, fieldErr("CPUs", "%v", err)
 	}
@@ -225,7 +230,8 @@ func New(cfg Config) (_ *VM, err error) {
 		Size:         cfg.Memory,
 		PageSize:     cfg.pageSize(),
 		Node:         vm.place.node,
-		PrefaultCPUs: vm.place.nodeCPUs,
+		PrefaultCPUs: pfCPUs,
+		Workers:      pfWorkers,
 		Progress:     cfg.Progress,
 	})
 	if err != nil {

@@ -187,7 +187,7 @@ func TestRunHelpGroups(t *testing.T) {
 	_, out, _ := hpcvmm("run", "--help")
 	groups := map[string][]string{
 		"Guest":               {"kernel", "initrd", "cmdline", "cpus", "memory", "hugepages", "acpi"},
-		"Placement":           {"numa-node", "cpu-list", "allow-cross-numa", "topology"},
+		"Placement":           {"numa-node", "cpu-list", "allow-cross-numa", "prefault-workers", "topology"},
 		"Devices":             {"gpu", "vf", "bind", "p2p", "net", "nccl-topo"},
 		"Console and logging": {"console", "log-level", "shutdown-timeout", "seccomp"},
 		"Other":               {"help"},

@@ -38,7 +38,7 @@ func newRunCommand() (*command, *runFlags) {
 			"guest RAM on hugepages of that node, prefaulted before the guest starts, devices passed through VFIO.",
 		"hpcvmm run --kernel FILE [--initrd FILE] [--cmdline TEXT] [--cpus N]",
 		"[--memory SIZE] [--hugepages 1G|2M|none]",
-		"[--numa-node N|auto] [--cpu-list LIST] [--allow-cross-numa]",
+		"[--numa-node N|auto] [--cpu-list LIST] [--allow-cross-numa] [--prefault-workers N]",
 		"[--gpu BDF[,clique=N]|slurm]... [--vf BDF|slurm[,IB-OPTIONS]]...",
 		"[--bind] [--p2p=false]",
 		"[--net tap=NAME[,mac=MAC][,queues=N][,vhost=on|off]]... [--nccl-topo FILE]",
@@ -63,6 +63,7 @@ func newRunCommand() (*command, *runFlags) {
 	g.Var(nodeValue{&f.cfg.NUMANode}, "numa-node", "host NUMA node for guest RAM and vCPUs; auto: the first passthrough device's node, else the node with the most free hugepages")
 	g.Var(cpuListValue{&f.cfg.CPUList}, "cpu-list", "exact host CPUs for the vCPUs, e.g. 4-7 or 4,6,8; vCPU i runs on the i-th (default: the node's CPUs)")
 	g.BoolVar(&f.cfg.AllowCrossNUMA, "allow-cross-numa", false, "accept a --cpu-list that spans NUMA nodes")
+	g.IntVar(&f.cfg.PrefaultWorkers, "prefault-workers", 0, "`N`: threads that fault guest RAM in before the guest starts, each pinned to a CPU of the guest's node (default 0: all of the node's CPUs this process may use, since no vCPU runs yet); the kernel's clearing of the pages is the work, so fewer workers only make start-up slower")
 	g.Var(topologyValue{&f.cfg.Topology}, "topology", "host: vCPUs on SMT siblings are threads of one guest core, vCPUs on cores sharing an L3 share one in the guest, passthrough devices that share a PCIe switch on the host sit behind one emulated switch, the others behind their own root ports; flat: single-thread cores in one package, devices on bus 0")
 
 	g = c.group("Devices")
@@ -143,7 +144,7 @@ func defaultCmdline(c vmm.ConsoleKind) string {
 // errors read as CLI errors.
 var flagNames = map[string]string{
 	"Kernel": "--kernel", "Initrd": "--initrd", "CPUs": "--cpus", "Memory": "--memory",
-	"HugePages": "--hugepages", "NUMANode": "--numa-node", "CPUList": "--cpu-list", "Console": "--console",
+	"HugePages": "--hugepages", "NUMANode": "--numa-node", "CPUList": "--cpu-list", "Console": "--console", "PrefaultWorkers": "--prefault-workers",
 	"Passthrough": "--gpu/--vf", "Seccomp": "--seccomp",
 	"Nets": "--net",
 }

@@ -310,3 +310,54 @@ func TestFitReservesShrinksEvenlyOnlyWhenShort(t *testing.T) {
 	none := 0 * time.Second
 	assert.Equal(t, 1.0, fitReserves(-time.Second, &none), "nothing kept, nothing to shrink")
 }
+
+func TestScalingWorkers(t *testing.T) {
+	assert.Equal(t, []int{1, 2, 4, 8, 16}, scalingWorkers(16))
+	assert.Equal(t, []int{1, 2, 4, 8, 12}, scalingWorkers(12))
+	assert.Equal(t, []int{1}, scalingWorkers(1))
+	w, err := parseWorkerList("1, 4,16")
+	require.NoError(t, err)
+	assert.Equal(t, []int{1, 4, 16}, w)
+	_, err = parseWorkerList("1,0")
+	assert.ErrorContains(t, err, "-scaling-workers")
+}
+
+func TestScalingFlags(t *testing.T) {
+	o, err := parseFlags([]string{"-cases", "prefault-scaling", "-scaling-gib", "32", "-scaling-workers", "1,8", "-scaling-reserve"})
+	require.NoError(t, err)
+	assert.Equal(t, []string{casePrefaultScaling}, o.cases)
+	assert.Equal(t, 32, o.scaling.gib)
+	assert.Equal(t, []int{1, 8}, o.scaling.workers)
+	assert.True(t, o.scaling.reserve)
+	assert.Equal(t, 16, defaultOptions().scaling.gib, "the case is specified at 16 GiB")
+	for _, bad := range [][]string{{"-scaling-gib", "0"}, {"-scaling-rounds", "0"}, {"-scaling-node", "-2"}, {"-scaling-workers", "x"}} {
+		_, err := parseFlags(bad)
+		assert.Error(t, err, "%v", bad)
+	}
+}
+
+func TestScalingSection(t *testing.T) {
+	rep := &Report{Config: Config{Where: whereHost, Cases: []string{casePrefaultScaling}},
+		Host: Env{"scaling_size": "16 GiB", "scaling_node": "0", "scaling_cpus": "0-15", "cpu_model": "Xeon", "kernel": "6.18"}}
+	for r := 1; r <= 3; r++ {
+		s := newSample(scalingCase("2M", 1), vmmHPCVMM, whereHost, r)
+		s.Metrics[mGiBps] = 5 + float64(r)
+		rep.Samples = append(rep.Samples, s)
+		s = newSample(scalingCase("2M", 16), vmmHPCVMM, whereHost, r)
+		s.Metrics[mGiBps] = 48
+		if r == 3 {
+			s.Metrics[mRewriteGiBps] = 120
+		}
+		rep.Samples = append(rep.Samples, s)
+	}
+	first := newSample(scalingCase("2M", 16), vmmFirstTouch, whereHost, 1)
+	first.Metrics[mGiBps] = 40
+	rep.Samples = append(rep.Samples, first)
+	md := renderMarkdown(rep)
+	assert.Contains(t, md, "**Prefault scaling**")
+	assert.Contains(t, md, "| 2M | 1 | 7.0 (6.0–8.0) | 1.00 |")
+	// 48 / (16 × 7) = 0.43; 48/120 = 0.40.
+	assert.Contains(t, md, "| 2M | 16 | 48.0 (48.0–48.0) | 0.43 | 120.0 (120.0–120.0) | 0.40 |")
+	assert.Contains(t, md, "First touch of the pool (unmeasured above): 2M pages, workers=16: 40.0 GiB/s.")
+	assert.NotContains(t, md, "KVM exits", "a scaling-only run renders only its own table")
+}

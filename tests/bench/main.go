@@ -14,8 +14,11 @@
 // a virtio-net and a virtio-console transfer from KVM's own statistics; the
 // VMM's resident memory beyond guest RAM; the time in VFIO_IOMMU_MAP_DMA and
 // the number of calls to DMA-map 1-4 GiB of guest RAM on each page size, with
-// a device passed through (L1 only, dmamap.go). Each case runs -reps times per
-// VMM; the tables give median, min and max and the ratio hpcvmm/peer.
+// a device passed through (L1 only, dmamap.go); and, on the host only, the
+// prefault scaling case (scaling.go): guestmem.New on 16 GiB of 2 MiB and 1
+// GiB pages with 1 up to all of the node's CPUs, beside the machine's write
+// bandwidth. Each case runs -reps times per VMM; the tables give median, min
+// and max and the ratio hpcvmm/peer.
 //
 // Where: booting guests needs hardware KVM. On a host without it (no
 // /dev/kvm, or the kvm_pvm backend) the suite boots one L1 guest of the
@@ -23,7 +26,8 @@
 // QEMU with its libraries and firmware and gokvm into L1; absolute times
 // from the emulated L1 are only good for ratios. The prefault cases need no
 // KVM and also run on the host itself, where their absolute GiB/s mean
-// something.
+// something. `-cases prefault-scaling` alone builds nothing and needs only
+// hugepages: it runs on any host, as root with -scaling-reserve.
 //
 // The suite is a command, not a test, so the default `go test ./...` never
 // runs it. Its own unit tests (parsing, statistics, tables) are fast.
@@ -92,22 +96,43 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.memoryMiB, "memory", o.memoryMiB, "guest RAM of the launch case in MiB")
 	fs.StringVar(&o.render, "render", "", "only re-render the Markdown of an earlier bench-*.json to stdout")
 	fs.StringVar(&o.launchPages, "launch-pages", o.launchPages, "guest RAM of the booting cases: 2M (hpcvmm --hugepages 2M, QEMU a prefaulted 2 MiB hugetlb memfd backend) or 4K (hpcvmm --hugepages none, QEMU its default RAM)")
-	cases := fs.String("cases", "", "comma-separated cases to run: launch, net, console, prefault, dma-map (default: all)")
+	cases := fs.String("cases", "", "comma-separated cases to run: launch, net, console, prefault, dma-map, prefault-scaling (default: all; prefault-scaling alone builds nothing and needs only hugepages)")
+	fs.IntVar(&o.scaling.gib, "scaling-gib", o.scaling.gib, "prefault-scaling: guest RAM per run in GiB (the case is specified at 16 or more)")
+	fs.IntVar(&o.scaling.node, "scaling-node", o.scaling.node, "prefault-scaling: NUMA node for the RAM and the workers' CPUs (-1: the node of the first CPU this process may use)")
+	fs.IntVar(&o.scaling.rounds, "scaling-rounds", o.scaling.rounds, "prefault-scaling: measured rounds per worker count and page size")
+	fs.BoolVar(&o.scaling.reserve, "scaling-reserve", o.scaling.reserve, "prefault-scaling: raise the node's 2 MiB and 1 GiB pools by what the case needs and restore them afterwards (root)")
+	scalingWorkersFlag := fs.String("scaling-workers", "", "prefault-scaling: comma-separated worker counts (default: 1, 2, 4, ... and all of the node's CPUs this process may use)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	if *cases != "" {
 		for _, c := range strings.Split(*cases, ",") {
 			switch c = strings.TrimSpace(c); c {
-			case caseLaunch, caseNet, caseConsole, casePrefault, caseDMAMap:
+			case caseLaunch, caseNet, caseConsole, casePrefault, caseDMAMap, casePrefaultScaling:
 				o.cases = append(o.cases, c)
 			default:
-				return o, fmt.Errorf("-cases: unknown case %q: want launch, net, console, prefault or dma-map", c)
+				return o, fmt.Errorf("-cases: unknown case %q: want launch, net, console, prefault, dma-map or prefault-scaling", c)
 			}
 		}
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *scalingWorkersFlag != "" {
+		w, err := parseWorkerList(*scalingWorkersFlag)
+		if err != nil {
+			return o, err
+		}
+		o.scaling.workers = w
+	}
+	if o.scaling.gib < 1 {
+		return o, fmt.Errorf("-scaling-gib %d: want at least 1 (GiB; the case is specified at 16)", o.scaling.gib)
+	}
+	if o.scaling.rounds < 1 {
+		return o, fmt.Errorf("-scaling-rounds %d: want at least 1", o.scaling.rounds)
+	}
+	if o.scaling.node < -1 {
+		return o, fmt.Errorf("-scaling-node %d: want a node number or -1", o.scaling.node)
 	}
 	switch o.where {
 	case "auto", whereHost, whereL1:

@@ -56,6 +56,7 @@ type options struct {
 	launchPages   string
 	cases         []string
 	render        string
+	scaling       scalingOptions
 }
 
 func defaultOptions() options {
@@ -69,6 +70,7 @@ func defaultOptions() options {
 		hostPrefault: true,
 		memoryMiB:    512,
 		launchPages:  pages2M,
+		scaling:      defaultScalingOptions(),
 	}
 }
 
@@ -94,6 +96,13 @@ func outer(ctx context.Context, o options) (*Report, error) {
 		if kvmUsable() {
 			where = whereHost
 		}
+	}
+	if slices.Equal(o.cases, []string{casePrefaultScaling}) {
+		// Hugepages are all it needs: nothing to build, no KVM, no L1.
+		rep.Config = Config{Where: whereHost, Cases: o.cases}
+		progress("prefault scaling on this host (load %s)", loadavg())
+		runScaling(ctx, o.scaling, &memorySink{rep: rep})
+		return rep, nil
 	}
 	progress("building hpcvmm, the L2 initramfs, gokvm and the suite")
 	art, err := harness.BuildL1Artifacts()
@@ -184,6 +193,11 @@ func outer(ctx context.Context, o options) (*Report, error) {
 				sink.note("restoring the host's 2 MiB hugepage pool: " + err.Error())
 			}
 		}
+	}
+
+	if cfg.wants(casePrefaultScaling) {
+		progress("prefault scaling on this host (load %s)", loadavg())
+		runScaling(ctx, o.scaling, sink)
 	}
 
 	switch where {

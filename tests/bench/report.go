@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -61,6 +62,14 @@ func renderMarkdown(rep *Report) string {
 	}
 	ix := indexStats(stats)
 	var b strings.Builder
+	if slices.Equal(rep.Config.Cases, []string{casePrefaultScaling}) {
+		fmt.Fprintf(&b, "Run %s (%s) on %s, kernel %s, %s CPUs; load average %s at the start, %s at the end.\n",
+			rep.Started.Format("2006-01-02 15:04 MST"), rep.Duration, orUnknown(rep.Host["cpu_model"]), orUnknown(rep.Host["kernel"]),
+			orUnknown(rep.Host["cpus"]), orUnknown(rep.Host["load_start"]), orUnknown(rep.Host["load_end"]))
+		b.WriteString(scalingSection(rep, ix, stats))
+		writeNotes(&b, rep)
+		return b.String()
+	}
 	l1Where := "L1 (emulated: TCG L1, nested KVM; only ratios are meaningful)"
 	fmt.Fprintf(&b, "Run %s (%s) on %s; load average %s at the start, %s at the end (host, %s CPUs shared with other work).\n",
 		rep.Started.Format("2006-01-02 15:04 MST"), rep.Duration, orUnknown(rep.Host["cpu_model"]),
@@ -133,6 +142,8 @@ func renderMarkdown(rep *Report) string {
 			rangeCell(ix, pc.where, pc.c, vmmHPCVMM, h, hok, 2), rangeCell(ix, pc.where, pc.c, vmmQEMU, q, qok, 2), r)
 	}
 
+	b.WriteString(scalingSection(rep, ix, stats))
+
 	// 4. KVM exits during boot.
 	fmt.Fprintf(&b, "\n**KVM exits from launch to the /init marker** (KVM's per-VM statistics in debugfs, median count; %s; ratio hpcvmm/VMM)\n\n", l1Where)
 	b.WriteString("| counter |")
@@ -204,12 +215,7 @@ func renderMarkdown(rep *Report) string {
 	b.WriteString(renderDMAMap(rep, ix, where, l1Where))
 
 	// 9. Everything else the suite noted (skipped cases, failures).
-	if len(rep.Notes) > 0 {
-		b.WriteString("\nNotes:\n\n")
-		for _, n := range rep.Notes {
-			fmt.Fprintf(&b, "- %s\n", oneLine(n, 240))
-		}
-	}
+	writeNotes(&b, rep)
 	return b.String()
 }
 
@@ -382,4 +388,14 @@ func runsPerCase(cfg Config) string {
 		parts = append(parts, fmt.Sprintf("DMA map %d (%d on 4 KiB pages)", cfg.DMAMap.Reps, cfg.DMAMap.repsFor("4K")))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// writeNotes lists the report's notes, if any.
+func writeNotes(b *strings.Builder, rep *Report) {
+	if len(rep.Notes) > 0 {
+		b.WriteString("\nNotes:\n\n")
+		for _, n := range rep.Notes {
+			fmt.Fprintf(b, "- %s\n", oneLine(n, 240))
+		}
+	}
 }
