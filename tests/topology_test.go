@@ -1,0 +1,220 @@
+//go:build integration
+
+package tests
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hpcvmm/hpcvmm/host/ncclpath"
+	"github.com/hpcvmm/hpcvmm/tests/harness"
+)
+
+// The PCI topology scenarios run in one L1 boot (harness.ProfileSwitch:
+// edu, the SR-IOV NVMe controller with its VF and ivshmem's 64 GiB BAR
+// each behind a downstream port of one QEMU PCIe switch). In L1, NCCL
+// classifies edu and the VF as PIX; the scenarios check what the L2 guest
+// shows with --topology host and flat, and that each device still works
+// behind hpcvmm's emulated ports.
+
+// nvmeOffKiBSwitch is where TestSwitchTopologyHost writes in the namespace.
+const nvmeOffKiBSwitch = 6144
+
+// TestSwitchTopologyHost passes edu (--gpu) and the NVMe VF (--vf) through
+// with the default --topology host. In L1 both sit behind the switch's
+// upstream port 01:00.0 (NCCL: PIX). Inside L2, NCCL's classification from
+// the guest's sysfs (tests/guest/pcipath, host/ncclpath) is PIX too, and
+// each device's max_link_speed/max_link_width and those of the port above
+// it (the two NCCL takes the bandwidth from) equal L1's for the same
+// device; edu's DMA round trip and nvme I/O on the VF work behind the
+// ports (the written data is found in the disk image outside L1).
+func TestSwitchTopologyHost(t *testing.T) {
+	harness.RunOuter(t, harness.ProfileSwitch, func(t *testing.T, env *harness.Env) {
+		l1Path := l1NCCLPath(t, env)
+		require.Equal(t, "PIX", l1Path, "NCCL's path between edu and the VF in L1 (the profile's switch)")
+		g, log := runSwitchGuest(t, env, "host", fmt.Sprintf("topo,edu,nvme hpcvmm.dma_buf=%#x memmap=1M$%#x hpcvmm.nvme_off_kib=%d hpcvmm.nvme_kib=%d",
+			eduDMABuf, eduDMABuf, nvmeOffKiBSwitch, nvmeKiB))
+		assert.Equal(t, "PIX", g["nccl_path"], "NCCL's path between edu (%s) and the VF (%s, bus ID %s) in the guest; switches above them: %s / %s",
+			g["nccl_gpu"], g["nccl_nic"], g["nccl_nic_busid"], g["nccl_gpu_switches"], g["nccl_nic_switches"])
+		assertGuestLinksMatchL1(t, env, g)
+
+		assert.Equal(t, "0x010000ed", g["edu_id"], "edu id register in the guest")
+		assert.Equal(t, "1", g["dma_done"], "both edu DMA transfers completed")
+		assert.Equal(t, "16", g["dma_words_matching"], "words of edu's DMA round trip equal to what was written (first word %s, expected %s)", g["dma_first_word"], g["dma_expected_first"])
+		assertNVMeGuest(t, env, g)
+		assert.Equal(t, "none", g["pt_failed"], "guest passthrough parts that failed")
+		env.Record(t, "dma_words_matching", g["dma_words_matching"])
+		env.Record(t, "dma_seconds", g["dma_seconds"])
+		env.Record(t, "nvme_sha256", g["nvme_written_sha256"])
+		assertNoBARExits(t, env, log, harness.SwitchEduBDF, false)
+		assertNoBARExits(t, env, log, harness.SwitchNVMeVFBDF, true)
+	}, func(t *testing.T, o harness.Outer) {
+		assertDiskHolds(t, o, nvmeOffKiBSwitch)
+	})
+}
+
+// TestSwitchTopologyFlat is TestSwitchTopologyHost's devices with
+// --topology flat: both on the guest's root bus, so NCCL finds only the
+// host bridge in common (PHB), although L1 has them under one switch. edu
+// still computes through its BAR.
+func TestSwitchTopologyFlat(t *testing.T) {
+	harness.Run(t, harness.ProfileSwitch, func(t *testing.T, env *harness.Env) {
+		require.Equal(t, "PIX", l1NCCLPath(t, env), "NCCL's path between edu and the VF in L1")
+		g, _ := runSwitchGuest(t, env, "flat", "topo,edu")
+		assert.Equal(t, "PHB", g["nccl_path"], "NCCL's path between edu (%s) and the VF (%s) in the guest with --topology flat; switches above them: %s / %s",
+			g["nccl_gpu"], g["nccl_nic"], g["nccl_gpu_switches"], g["nccl_nic_switches"])
+		assert.Equal(t, "none", g["nccl_gpu_switches"], "switches above edu in the flat guest")
+		assert.Equal(t, "3628800", g["edu_factorial_10"], "edu factorial of 10 through its BAR")
+		assert.Equal(t, "none", g["pt_failed"], "guest passthrough parts that failed")
+	})
+}
+
+// TestSwitchLargeBAR passes ivshmem-plain, behind L1's switch, through
+// with --topology host and --p2p=false (TestPassthroughLargeBAR says why):
+// the guest gets it behind an emulated switch, sees the whole 64 GiB BAR2
+// in the switch's 64-bit prefetchable window without moving it, and a
+// pattern written in the BAR's last page reads back; no BAR access exited
+// to hpcvmm, and outside L1 the pattern is in the BAR's backing file.
+func TestSwitchLargeBAR(t *testing.T) {
+	harness.RunOuter(t, harness.ProfileSwitch, func(t *testing.T, env *harness.Env) {
+		setDriver(t, harness.SwitchIvshmemBDF, "vfio-pci")
+		t.Cleanup(func() { setDriver(t, harness.SwitchIvshmemBDF, "") })
+		off := uint64(harness.IvshmemBARSize - 4096 + 0x7c4) // in the last page
+		pattern := rand.Uint32() | 1                         // never 0, the sparse file's content
+		start := time.Now()
+		vm := env.StartVM(t, "run",
+			"--kernel", env.L2Kernel(t), "--initrd", env.L2Initrd(t),
+			"--cmdline", fmt.Sprintf("%s hpcvmm.pt=ivshmem hpcvmm.bar_off=%#x hpcvmm.bar_pattern=%#08x", ptBaseCmdline, off, pattern),
+			"--cpus", "1", "--memory", "1G", "--hugepages", "1G",
+			"--gpu", harness.SwitchIvshmemBDF, "--p2p=false", "--topology", "host",
+		)
+		require.Equal(t, 0, vm.Wait(), "hpcvmm exit status")
+		env.Record(t, "wall_ms", strconv.FormatInt(time.Since(start).Milliseconds(), 10))
+		g := vm.GuestResults()
+		require.Contains(t, vm.Console(), "HPCVMM-GUEST-MARKER done", "the guest's /init did not finish")
+		log := vm.Log()
+		tree := logRecord(log, "guest PCI topology of the passthrough devices")
+		require.NotNil(t, tree, "no guest PCI topology log line")
+		env.Record(t, "guest_tree", tree["tree"])
+		assert.Contains(t, tree["tree"], "switch downstream port", "ivshmem behind an emulated switch")
+		assert.Equal(t, strconv.FormatUint(harness.IvshmemBARSize, 10), g["ivshmem_bar2_size"], "BAR2 size the guest sees (resource)")
+		assert.Equal(t, fmt.Sprintf("%#08x", pattern), g["ivshmem_readback"], "pattern read back through the BAR")
+		assert.Equal(t, "none", g["pt_failed"])
+		assert.NotContains(t, vm.Console(), "BAR 2: no space", "the guest kernel had to move or drop BAR2")
+		for _, k := range []string{"ivshmem", "ivshmem_bar2", "ivshmem_bar2_size", "ivshmem_first_access_seconds"} {
+			env.Record(t, k, g[k])
+		}
+		assertNoBARExits(t, env, log, harness.SwitchIvshmemBDF, false)
+		env.Record(t, "bar_off", strconv.FormatUint(off, 10))
+		env.Record(t, "bar_pattern", strconv.FormatUint(uint64(pattern), 10))
+	}, func(t *testing.T, o harness.Outer) {
+		off, err1 := strconv.ParseInt(o.Records["bar_off"], 10, 64)
+		pattern, err2 := strconv.ParseUint(o.Records["bar_pattern"], 10, 32)
+		require.NoError(t, errors.Join(err1, err2), "records bar_off=%q bar_pattern=%q", o.Records["bar_off"], o.Records["bar_pattern"])
+		f, err := os.Open(filepath.Join(o.RunDir, harness.PassthroughBARFile))
+		require.NoError(t, err)
+		defer f.Close()
+		var b [4]byte
+		_, err = f.ReadAt(b[:], off)
+		require.NoError(t, err)
+		assert.Equal(t, uint32(pattern), binary.LittleEndian.Uint32(b[:]),
+			"the BAR's backing file outside L1 at offset %#x holds what the L2 guest wrote there", off)
+		t.Logf("outside L1: %s at %#x holds %#08x", harness.PassthroughBARFile, off, binary.LittleEndian.Uint32(b[:]))
+	})
+}
+
+// l1NCCLPath classifies, with host/ncclpath on L1's own sysfs, the path
+// between edu and the VF (as a NIC), and records it.
+func l1NCCLPath(t *testing.T, env *harness.Env) string {
+	t.Helper()
+	p, err := ncclpath.Classify("/sys", ncclpath.Device{BDF: harness.SwitchEduBDF},
+		ncclpath.Device{BDF: harness.SwitchNVMeVFBDF, NIC: true}, ncclpath.DefaultOptions())
+	require.NoError(t, err)
+	env.Record(t, "l1_nccl_path", p.String())
+	return p.String()
+}
+
+// runSwitchGuest binds edu and the VF to vfio-pci, boots a guest with
+// them and the given --topology running the passthrough parts pt (with
+// their parameters), and returns the guest's results and hpcvmm's log.
+func runSwitchGuest(t *testing.T, env *harness.Env, topology, pt string) (map[string]string, string) {
+	t.Helper()
+	setDriver(t, harness.SwitchEduBDF, "vfio-pci")
+	setDriver(t, harness.SwitchNVMeVFBDF, "vfio-pci")
+	t.Cleanup(func() {
+		setDriver(t, harness.SwitchEduBDF, "")
+		setDriver(t, harness.SwitchNVMeVFBDF, "")
+	})
+	start := time.Now()
+	vm := env.StartVM(t, "run",
+		"--kernel", env.L2Kernel(t), "--initrd", env.L2Initrd(t),
+		"--cmdline", ptBaseCmdline+" hpcvmm.pt="+pt,
+		"--cpus", "1", "--memory", "1G", "--hugepages", "1G",
+		"--gpu", harness.SwitchEduBDF, "--vf", harness.SwitchNVMeVFBDF, "--topology", topology,
+	)
+	require.Equal(t, 0, vm.Wait(), "hpcvmm exit status")
+	env.Record(t, "wall_ms", strconv.FormatInt(time.Since(start).Milliseconds(), 10))
+	require.Contains(t, vm.Console(), "HPCVMM-GUEST-MARKER done", "the guest's /init did not finish")
+	g := vm.GuestResults()
+	require.Empty(t, g["pcipath_error"], "the guest's pcipath helper failed")
+	log := vm.Log()
+	if tree := logRecord(log, "guest PCI topology of the passthrough devices"); tree != nil {
+		env.Record(t, "guest_tree", tree["tree"])
+	}
+	for _, l := range strings.Split(vm.Console(), "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimRight(l, "\r"), "hpcvmm-guest-pci "); ok {
+			t.Logf("guest PCI: %s", rest)
+		}
+	}
+	for _, k := range []string{"nccl_path", "nccl_gpu", "nccl_nic", "nccl_nic_busid", "nccl_gpu_switches", "nccl_nic_switches", "gpu_sysfs", "nic_sysfs"} {
+		env.Record(t, k, g[k])
+	}
+	return g, log
+}
+
+// assertGuestLinksMatchL1 checks that the link NCCL reads for each device
+// in the guest (its own max_link_speed/max_link_width and its port's)
+// equals what L1's sysfs shows for the same device and its port.
+func assertGuestLinksMatchL1(t *testing.T, env *harness.Env, g map[string]string) {
+	t.Helper()
+	for _, d := range []struct{ role, bdf string }{{"gpu", harness.SwitchEduBDF}, {"nic", harness.SwitchNVMeVFBDF}} {
+		dev, err := filepath.EvalSymlinks("/sys/bus/pci/devices/" + d.bdf)
+		require.NoError(t, err)
+		for _, a := range []struct{ key, dir, name string }{
+			{d.role + "_max_link_speed", dev, "max_link_speed"},
+			{d.role + "_max_link_width", dev, "max_link_width"},
+			{d.role + "_port_max_link_speed", filepath.Dir(dev), "max_link_speed"},
+			{d.role + "_port_max_link_width", filepath.Dir(dev), "max_link_width"},
+		} {
+			l1 := sysfsAttr(a.dir, a.name)
+			assert.Equal(t, l1, g[a.key], "%s: guest vs L1 (%s/%s)", a.key, a.dir, a.name)
+			env.Record(t, a.key, g[a.key])
+			env.Record(t, "l1_"+a.key, l1)
+		}
+	}
+	// A port that says x1 at 2.5 GT/s makes NCCL see 0.2 GB/s; a mirrored
+	// port must not fall back to nothing.
+	assert.NotEqual(t, "none", g["gpu_port_max_link_speed"], "the guest port above edu has no link attributes")
+	assert.NotEqual(t, "none", g["nic_port_max_link_speed"], "the guest port above the VF has no link attributes")
+}
+
+// sysfsAttr reads a sysfs attribute the way tests/guest/pcipath prints
+// it: trimmed, "none" when missing.
+func sysfsAttr(dir, name string) string {
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		return "none"
+	}
+	return strings.TrimSpace(string(b))
+}
