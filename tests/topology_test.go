@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hpcvmm/hpcvmm/host/ncclpath"
+	"github.com/hpcvmm/hpcvmm/pcitopo"
 	"github.com/hpcvmm/hpcvmm/tests/harness"
 )
 
@@ -183,30 +184,50 @@ func runSwitchGuest(t *testing.T, env *harness.Env, topology, pt string) (map[st
 	return g, log
 }
 
-// assertGuestLinksMatchL1 checks that the link NCCL reads for each device
-// in the guest (its own max_link_speed/max_link_width and its port's)
-// equals what L1's sysfs shows for the same device and its port.
+// assertGuestLinksMatchL1 checks the links NCCL reads for each device in
+// the guest (the device's own max_link_speed/max_link_width and its
+// port's): the device's equal L1's for the same device; its port's equal
+// L1's port where L1 knows that link. Where L1's port reports none
+// (measured: QEMU 7.2's xio3130 downstream ports say "Unknown" and x0)
+// the guest port shows what pcitopo documents instead, the device's own
+// link or else pcitopo.DefaultLink, never an unknown link (NCCL would
+// rate it at nothing).
 func assertGuestLinksMatchL1(t *testing.T, env *harness.Env, g map[string]string) {
 	t.Helper()
 	for _, d := range []struct{ role, bdf string }{{"gpu", harness.SwitchEduBDF}, {"nic", harness.SwitchNVMeVFBDF}} {
 		dev, err := filepath.EvalSymlinks("/sys/bus/pci/devices/" + d.bdf)
 		require.NoError(t, err)
+		port := filepath.Dir(dev)
+		l1 := map[string]string{}
 		for _, a := range []struct{ key, dir, name string }{
-			{d.role + "_max_link_speed", dev, "max_link_speed"},
-			{d.role + "_max_link_width", dev, "max_link_width"},
-			{d.role + "_port_max_link_speed", filepath.Dir(dev), "max_link_speed"},
-			{d.role + "_port_max_link_width", filepath.Dir(dev), "max_link_width"},
+			{"max_link_speed", dev, "max_link_speed"},
+			{"max_link_width", dev, "max_link_width"},
+			{"port_max_link_speed", port, "max_link_speed"},
+			{"port_max_link_width", port, "max_link_width"},
 		} {
-			l1 := sysfsAttr(a.dir, a.name)
-			assert.Equal(t, l1, g[a.key], "%s: guest vs L1 (%s/%s)", a.key, a.dir, a.name)
-			env.Record(t, a.key, g[a.key])
-			env.Record(t, "l1_"+a.key, l1)
+			l1[a.key] = sysfsAttr(a.dir, a.name)
+			env.Record(t, d.role+"_"+a.key, g[d.role+"_"+a.key])
+			env.Record(t, "l1_"+d.role+"_"+a.key, l1[a.key])
 		}
+		for _, k := range []string{"max_link_speed", "max_link_width"} {
+			assert.Equal(t, l1[k], g[d.role+"_"+k], "%s %s (%s): guest vs L1", d.role, k, d.bdf)
+		}
+		wantSpeed, wantWidth := l1["port_max_link_speed"], l1["port_max_link_width"]
+		if !linkKnown(wantSpeed, wantWidth) {
+			wantSpeed, wantWidth = l1["max_link_speed"], l1["max_link_width"]
+			if !linkKnown(wantSpeed, wantWidth) {
+				wantSpeed, wantWidth = pcitopo.DefaultLink.MaxSpeed.String(), strconv.Itoa(pcitopo.DefaultLink.MaxWidth)
+			}
+		}
+		assert.Equal(t, wantSpeed+" x"+wantWidth, g[d.role+"_port_max_link_speed"]+" x"+g[d.role+"_port_max_link_width"],
+			"%s's port in the guest (L1's port %s says %s x%s, the device %s x%s)", d.role, filepath.Base(port),
+			l1["port_max_link_speed"], l1["port_max_link_width"], l1["max_link_speed"], l1["max_link_width"])
 	}
-	// A port that says x1 at 2.5 GT/s makes NCCL see 0.2 GB/s; a mirrored
-	// port must not fall back to nothing.
-	assert.NotEqual(t, "none", g["gpu_port_max_link_speed"], "the guest port above edu has no link attributes")
-	assert.NotEqual(t, "none", g["nic_port_max_link_speed"], "the guest port above the VF has no link attributes")
+}
+
+// linkKnown reports whether sysfs link attributes name a link.
+func linkKnown(speed, width string) bool {
+	return speed != "none" && !strings.HasPrefix(speed, "Unknown") && width != "none" && width != "0"
 }
 
 // sysfsAttr reads a sysfs attribute the way tests/guest/pcipath prints

@@ -20,7 +20,8 @@ const (
 	// SwitchEduBDF is edu (the GPU stand-in) behind downstream port 02:00.0.
 	SwitchEduBDF = "0000:03:00.0"
 	// SwitchNVMePFBDF is the SR-IOV NVMe controller behind downstream
-	// port 02:01.0; L1 keeps it on nvme to manage its VF.
+	// port 02:01.0. L1's setup creates the VF on nvme and then unbinds
+	// the PF (see switchSetup).
 	SwitchNVMePFBDF = "0000:04:00.0"
 	// SwitchNVMeVFBDF is its VF (the InfiniBand VF stand-in), function 1
 	// on the PF's bus.
@@ -82,8 +83,14 @@ var ProfileSwitch = Profile{
 
 // switchSetup checks that every stand-in sits behind the switch where the
 // constants say (its sysfs realpath runs through the root port and the
-// upstream port), logs the links L1 sees, and then does
-// ProfilePassthrough's setup (the VF, IOMMU groups).
+// upstream port), logs the links L1 sees, does ProfilePassthrough's setup
+// (the VF, IOMMU groups) and then leaves the PF without a driver.
+//
+// Why the PF is unbound: QEMU 7.2's xio3130 downstream ports have no ACS,
+// so L1's kernel puts each port and everything below it in one IOMMU
+// group (measured: PF, VF and their port in one), and VFIO takes a group
+// only when none of its devices is on a host driver. The VF keeps its
+// controller and namespace (nvme's remove leaves SR-IOV enabled).
 var switchSetup = `for d in ` + SwitchEduBDF + ` ` + SwitchNVMePFBDF + ` ` + SwitchIvshmemBDF + `; do
 	p=$(readlink -f /sys/bus/pci/devices/$d) || { echo "no $d behind the switch"; exit 1; }
 	case "$p" in
@@ -92,7 +99,10 @@ var switchSetup = `for d in ` + SwitchEduBDF + ` ` + SwitchNVMePFBDF + ` ` + Swi
 	esac
 	echo "L1 setup: $p link $(cat /sys/bus/pci/devices/$d/max_link_speed 2>/dev/null || echo none) x$(cat /sys/bus/pci/devices/$d/max_link_width 2>/dev/null || echo none), port $(cat $p/../max_link_speed) x$(cat $p/../max_link_width)"
 done
-` + standInsSetup(SwitchHugePages1G, SwitchNVMePFBDF, SwitchNVMeVFBDF, SwitchEduBDF, SwitchIvshmemBDF)
+` + standInsSetup(SwitchHugePages1G, SwitchNVMePFBDF, SwitchNVMeVFBDF, SwitchEduBDF, SwitchIvshmemBDF) + `
+echo ` + SwitchNVMePFBDF + ` >/sys/bus/pci/devices/` + SwitchNVMePFBDF + `/driver/unbind
+[ -e /sys/bus/pci/devices/` + SwitchNVMeVFBDF + `/physfn ] || { echo "VF ` + SwitchNVMeVFBDF + ` gone after unbinding its PF"; exit 1; }
+echo "L1 setup: PF ` + SwitchNVMePFBDF + ` unbound (shares IOMMU group $(basename $(readlink /sys/bus/pci/devices/` + SwitchNVMePFBDF + `/iommu_group)) with its VF)"`
 
 // ProfileSMT is L1 with one core of two SMT threads (-smp 2,threads=2)
 // and ProfileCores L1 with two cores of one thread (-smp 2,cores=2), for
