@@ -38,13 +38,16 @@ const nvmeOffKiBSwitch = 6144
 // the guest's sysfs (tests/guest/pcipath, host/ncclpath) is PIX too, and
 // each device's max_link_speed/max_link_width and those of the port above
 // it (the two NCCL takes the bandwidth from) equal L1's for the same
-// device; edu's DMA round trip and nvme I/O on the VF work behind the
-// ports (the written data is found in the disk image outside L1).
+// device (where L1's port has a link; see assertGuestLinksMatchL1); edu's
+// DMA round trip and nvme I/O on the VF work behind the ports. On L1: one
+// VFIO container, guest RAM DMA-mapped once per region, the VF's MSI-X
+// interrupts received by vfio-pci, no BAR access exiting but the VF's
+// MSI-X table/PBA; outside L1 the written data is in the disk image.
 func TestSwitchTopologyHost(t *testing.T) {
 	harness.RunOuter(t, harness.ProfileSwitch, func(t *testing.T, env *harness.Env) {
 		l1Path := l1NCCLPath(t, env)
 		require.Equal(t, "PIX", l1Path, "NCCL's path between edu and the VF in L1 (the profile's switch)")
-		g, log := runSwitchGuest(t, env, "host", fmt.Sprintf("topo,edu,nvme hpcvmm.dma_buf=%#x memmap=1M$%#x hpcvmm.nvme_off_kib=%d hpcvmm.nvme_kib=%d",
+		g, log, l1IRQs := runSwitchGuest(t, env, "host", fmt.Sprintf("topo,edu,nvme hpcvmm.dma_buf=%#x memmap=1M$%#x hpcvmm.nvme_off_kib=%d hpcvmm.nvme_kib=%d",
 			eduDMABuf, eduDMABuf, nvmeOffKiBSwitch, nvmeKiB))
 		assert.Equal(t, "PIX", g["nccl_path"], "NCCL's path between edu (%s) and the VF (%s, bus ID %s) in the guest; switches above them: %s / %s",
 			g["nccl_gpu"], g["nccl_nic"], g["nccl_nic_busid"], g["nccl_gpu_switches"], g["nccl_nic_switches"])
@@ -58,6 +61,18 @@ func TestSwitchTopologyHost(t *testing.T) {
 		env.Record(t, "dma_words_matching", g["dma_words_matching"])
 		env.Record(t, "dma_seconds", g["dma_seconds"])
 		env.Record(t, "nvme_sha256", g["nvme_written_sha256"])
+		// L1 side: one container for both devices, guest RAM DMA-mapped
+		// once per region (edu's DMA went through L1's IOMMU), the VF's
+		// MSI-X interrupts arrived at L1's vfio-pci, and only MSI-X
+		// table/PBA accesses exited.
+		assertOneContainerAndMapPerRegion(t, env, log, 2)
+		var msix uint64
+		for name, n := range l1IRQs {
+			if strings.HasPrefix(name, "vfio-msix[") && strings.HasSuffix(name, "("+harness.SwitchNVMeVFBDF+")") {
+				msix += n
+			}
+		}
+		assert.Positive(t, msix, "MSI-X interrupts of the VF that L1's vfio-pci received")
 		assertNoBARExits(t, env, log, harness.SwitchEduBDF, false)
 		assertNoBARExits(t, env, log, harness.SwitchNVMeVFBDF, true)
 	}, func(t *testing.T, o harness.Outer) {
@@ -72,7 +87,7 @@ func TestSwitchTopologyHost(t *testing.T) {
 func TestSwitchTopologyFlat(t *testing.T) {
 	harness.Run(t, harness.ProfileSwitch, func(t *testing.T, env *harness.Env) {
 		require.Equal(t, "PIX", l1NCCLPath(t, env), "NCCL's path between edu and the VF in L1")
-		g, _ := runSwitchGuest(t, env, "flat", "topo,edu")
+		g, _, _ := runSwitchGuest(t, env, "flat", "topo,edu")
 		assert.Equal(t, "PHB", g["nccl_path"], "NCCL's path between edu (%s) and the VF (%s) in the guest with --topology flat; switches above them: %s / %s",
 			g["nccl_gpu"], g["nccl_nic"], g["nccl_gpu_switches"], g["nccl_nic_switches"])
 		assert.Equal(t, "none", g["nccl_gpu_switches"], "switches above edu in the flat guest")
@@ -148,8 +163,9 @@ func l1NCCLPath(t *testing.T, env *harness.Env) string {
 
 // runSwitchGuest binds edu and the VF to vfio-pci, boots a guest with
 // them and the given --topology running the passthrough parts pt (with
-// their parameters), and returns the guest's results and hpcvmm's log.
-func runSwitchGuest(t *testing.T, env *harness.Env, topology, pt string) (map[string]string, string) {
+// their parameters), and returns the guest's results, hpcvmm's log and
+// the VFIO interrupt counts L1 saw while it ran.
+func runSwitchGuest(t *testing.T, env *harness.Env, topology, pt string) (map[string]string, string, map[string]uint64) {
 	t.Helper()
 	setDriver(t, harness.SwitchEduBDF, "vfio-pci")
 	setDriver(t, harness.SwitchNVMeVFBDF, "vfio-pci")
@@ -164,7 +180,9 @@ func runSwitchGuest(t *testing.T, env *harness.Env, topology, pt string) (map[st
 		"--cpus", "1", "--memory", "1G", "--hugepages", "1G",
 		"--gpu", harness.SwitchEduBDF, "--vf", harness.SwitchNVMeVFBDF, "--topology", topology,
 	)
+	l1IRQs := watchL1Interrupts(vm)
 	require.Equal(t, 0, vm.Wait(), "hpcvmm exit status")
+	irqs := recordL1IRQs(t, env, l1IRQs())
 	env.Record(t, "wall_ms", strconv.FormatInt(time.Since(start).Milliseconds(), 10))
 	require.Contains(t, vm.Console(), "HPCVMM-GUEST-MARKER done", "the guest's /init did not finish")
 	g := vm.GuestResults()
@@ -181,7 +199,7 @@ func runSwitchGuest(t *testing.T, env *harness.Env, topology, pt string) (map[st
 	for _, k := range []string{"nccl_path", "nccl_gpu", "nccl_nic", "nccl_nic_busid", "nccl_gpu_switches", "nccl_nic_switches", "gpu_sysfs", "nic_sysfs"} {
 		env.Record(t, k, g[k])
 	}
-	return g, log
+	return g, log, irqs
 }
 
 // assertGuestLinksMatchL1 checks the links NCCL reads for each device in
