@@ -38,7 +38,9 @@ const nvmeOffKiBSwitch = 6144
 // the guest's sysfs (tests/guest/pcipath, host/ncclpath) is PIX too, and
 // each device's max_link_speed/max_link_width and those of the port above
 // it (the two NCCL takes the bandwidth from) equal L1's for the same
-// device (where L1's port has a link; see assertGuestLinksMatchL1); edu's
+// device (where L1's port has a link; see assertGuestLinksMatchL1), and so
+// do the links of the root port and the switch's upstream port on the way
+// (assertGuestChainMatchesL1); edu's
 // DMA round trip and nvme I/O on the VF work behind the ports. On L1: one
 // VFIO container, guest RAM DMA-mapped once per region, the VF's MSI-X
 // interrupts received by vfio-pci, no BAR access exiting but the VF's
@@ -52,6 +54,8 @@ func TestSwitchTopologyHost(t *testing.T) {
 		assert.Equal(t, "PIX", g["nccl_path"], "NCCL's path between edu (%s) and the VF (%s, bus ID %s) in the guest; switches above them: %s / %s",
 			g["nccl_gpu"], g["nccl_nic"], g["nccl_nic_busid"], g["nccl_gpu_switches"], g["nccl_nic_switches"])
 		assertGuestLinksMatchL1(t, env, g)
+		assertGuestChainMatchesL1(t, env, g, "gpu", harness.SwitchEduBDF)
+		assertGuestChainMatchesL1(t, env, g, "nic", harness.SwitchNVMeVFBDF)
 
 		assert.Equal(t, "0x010000ed", g["edu_id"], "edu id register in the guest")
 		assert.Equal(t, "1", g["dma_done"], "both edu DMA transfers completed")
@@ -240,6 +244,35 @@ func assertGuestLinksMatchL1(t *testing.T, env *harness.Env, g map[string]string
 		assert.Equal(t, wantSpeed+" x"+wantWidth, g[d.role+"_port_max_link_speed"]+" x"+g[d.role+"_port_max_link_width"],
 			"%s's port in the guest (L1's port %s says %s x%s, the device %s x%s)", d.role, filepath.Base(port),
 			l1["port_max_link_speed"], l1["port_max_link_width"], l1["max_link_speed"], l1["max_link_width"])
+	}
+}
+
+// assertGuestChainMatchesL1 compares, function by function from the port
+// below the host bridge down to the device, the links the guest shows on
+// the device's path (tests/guest/pcipath's ROLE_chain) with L1's on the
+// same device's path: the same depth (a root port, the switch's two
+// ports, the device), and every link L1 knows equal; a port whose link
+// L1 does not know must still show one in the guest.
+func assertGuestChainMatchesL1(t *testing.T, env *harness.Env, g map[string]string, role, bdf string) {
+	t.Helper()
+	dev, err := filepath.EvalSymlinks("/sys/bus/pci/devices/" + bdf)
+	require.NoError(t, err)
+	var l1 []string
+	for p := dev; strings.Count(filepath.Base(p), ":") == 2; p = filepath.Dir(p) {
+		l1 = append([]string{sysfsAttr(p, "max_link_speed") + "/" + sysfsAttr(p, "max_link_width")}, l1...)
+	}
+	guest := strings.Split(g[role+"_chain"], ",")
+	env.Record(t, role+"_chain", g[role+"_chain"])
+	env.Record(t, "l1_"+role+"_chain", strings.Join(l1, ","))
+	require.Len(t, guest, len(l1), "%s: functions on the path in the guest (%q) vs L1 (%q)", role, guest, l1)
+	for i := range l1 {
+		speed, width, _ := strings.Cut(l1[i], "/")
+		gs, gw, _ := strings.Cut(guest[i], "/")
+		if linkKnown(speed, width) || i == len(l1)-1 {
+			assert.Equal(t, l1[i], guest[i], "%s: link of function %d of %d on the path, guest vs L1", role, i+1, len(l1))
+		} else {
+			assert.True(t, linkKnown(gs, gw), "%s: port %d of %d on the path shows no link in the guest (%s)", role, i+1, len(l1), guest[i])
+		}
 	}
 }
 

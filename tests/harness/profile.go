@@ -29,7 +29,9 @@ type Profile struct {
 	CPUs int
 	// SMPTopology, when set, is appended to -smp: how QEMU arranges the
 	// CPUs ("threads=2": one core of two SMT threads; "cores=2"). Empty
-	// leaves QEMU's default (one single-thread core per socket).
+	// leaves QEMU's default (one single-thread core per socket). With
+	// HPCVMM_L1_SMP the count changes but the topology stays, and QEMU
+	// refuses a count the topology does not fit.
 	SMPTopology string
 	// Devices are extra QEMU arguments (devices, backends, globals).
 	Devices []string

@@ -64,12 +64,39 @@ func run(args []string) error {
 		if err != nil {
 			return err
 		}
-		fmt.Printf("hpcvmm-guest %s_sysfs=%s %s_max_link_speed=%s %s_max_link_width=%s %s_port_max_link_speed=%s %s_port_max_link_width=%s\n",
+		fmt.Printf("hpcvmm-guest %s_sysfs=%s %s_max_link_speed=%s %s_max_link_width=%s %s_port_max_link_speed=%s %s_port_max_link_width=%s %s_chain=%s\n",
 			d.role, strings.TrimPrefix(p, "/sys/devices/"),
 			d.role, attr(p, "max_link_speed"), d.role, attr(p, "max_link_width"),
-			d.role, attr(filepath.Dir(p), "max_link_speed"), d.role, attr(filepath.Dir(p), "max_link_width"))
+			d.role, attr(filepath.Dir(p), "max_link_speed"), d.role, attr(filepath.Dir(p), "max_link_width"),
+			d.role, strconv.Quote(chain(p)))
 	}
 	return nil
+}
+
+// chain lists the links of every PCI function on the sysfs path dev, from
+// the one below the host bridge down to dev itself, as "SPEED/WIDTH"
+// separated by commas ("none" for a missing attribute): what NCCL reads
+// for each port and switch on the way. tests/topology_test.go builds the
+// same list for L1 (linkChain).
+func chain(dev string) string {
+	var links []string
+	for p := dev; isBDF(filepath.Base(p)); p = filepath.Dir(p) {
+		links = append([]string{raw(p, "max_link_speed") + "/" + raw(p, "max_link_width")}, links...)
+	}
+	return strings.Join(links, ",")
+}
+
+// isBDF reports whether a sysfs directory name is a PCI function
+// ("0000:03:00.0"), not the host bridge ("pci0000:00").
+func isBDF(s string) bool { return len(s) == 12 && s[4] == ':' && s[7] == ':' && s[10] == '.' }
+
+// raw reads a sysfs attribute trimmed, "none" when missing.
+func raw(dir, name string) string {
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		return "none"
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // find returns the bus ID of the first PCI function with the given
