@@ -16,6 +16,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -24,24 +25,24 @@ import (
 	"github.com/hpcvmm/hpcvmm/host/ncclpath"
 )
 
-const sysRoot = "/sys"
-
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	if err := run("/sys", os.Args[1:], os.Stdout); err != nil {
 		fmt.Printf("hpcvmm-guest pcipath_error=%s\n", strconv.Quote(err.Error()))
 		os.Exit(1)
 	}
 }
 
-func run(args []string) error {
+// run classifies and reports for the sysfs tree at sysRoot, writing the
+// result lines to w.
+func run(sysRoot string, args []string, w io.Writer) error {
 	if len(args) != 2 {
 		return errors.New("usage: hpcvmm-pcipath GPU-VENDOR:DEVICE NIC-VENDOR:DEVICE")
 	}
-	gpu, err := find(args[0])
+	gpu, err := find(sysRoot, args[0])
 	if err != nil {
 		return err
 	}
-	nic, err := find(args[1])
+	nic, err := find(sysRoot, args[1])
 	if err != nil {
 		return err
 	}
@@ -56,16 +57,20 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("hpcvmm-guest nccl_gpu=%s nccl_nic=%s nccl_nic_busid=%s nccl_path=%s\n", gpu, nic, nn.BusID, ncclpath.Between(gn, nn))
-	fmt.Printf("hpcvmm-guest nccl_gpu_switches=%s nccl_nic_switches=%s nccl_gpu_cpu=%s nccl_nic_cpu=%s\n",
+	devices, err := filepath.EvalSymlinks(filepath.Join(sysRoot, "devices"))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "hpcvmm-guest nccl_gpu=%s nccl_nic=%s nccl_nic_busid=%s nccl_path=%s\n", gpu, nic, nn.BusID, ncclpath.Between(gn, nn))
+	fmt.Fprintf(w, "hpcvmm-guest nccl_gpu_switches=%s nccl_nic_switches=%s nccl_gpu_cpu=%s nccl_nic_cpu=%s\n",
 		list(gn.Switches), list(nn.Switches), gn.CPU, nn.CPU)
 	for _, d := range []struct{ role, bdf string }{{"gpu", gpu}, {"nic", nic}} {
 		p, err := filepath.EvalSymlinks(filepath.Join(sysRoot, "bus/pci/devices", d.bdf))
 		if err != nil {
 			return err
 		}
-		fmt.Printf("hpcvmm-guest %s_sysfs=%s %s_max_link_speed=%s %s_max_link_width=%s %s_port_max_link_speed=%s %s_port_max_link_width=%s %s_chain=%s\n",
-			d.role, strings.TrimPrefix(p, "/sys/devices/"),
+		fmt.Fprintf(w, "hpcvmm-guest %s_sysfs=%s %s_max_link_speed=%s %s_max_link_width=%s %s_port_max_link_speed=%s %s_port_max_link_width=%s %s_chain=%s\n",
+			d.role, strings.TrimPrefix(p, devices+"/"),
 			d.role, attr(p, "max_link_speed"), d.role, attr(p, "max_link_width"),
 			d.role, attr(filepath.Dir(p), "max_link_speed"), d.role, attr(filepath.Dir(p), "max_link_width"),
 			d.role, strconv.Quote(chain(p)))
@@ -101,7 +106,7 @@ func raw(dir, name string) string {
 
 // find returns the bus ID of the first PCI function with the given
 // "VENDOR:DEVICE" IDs.
-func find(ids string) (string, error) {
+func find(sysRoot, ids string) (string, error) {
 	vendor, device, ok := strings.Cut(ids, ":")
 	if !ok {
 		return "", fmt.Errorf("%q: want VENDOR:DEVICE such as 0x1234:0x11e8", ids)
