@@ -36,6 +36,7 @@ const (
 	l2ModulesList  = "/etc/hpcvmm-modules"
 	l2EduMSI       = "/lib/hpcvmm/edu_msi.ko"    // not in l2ModulesList: the scenario loads it
 	l2EduMSIError  = "/etc/hpcvmm-edu-msi-error" // why edu_msi.ko is missing
+	l2PCIPath      = "/bin/hpcvmm-pcipath"       // tests/guest/pcipath
 	busyboxInImage = "/bin/busybox"
 )
 
@@ -324,7 +325,7 @@ func parseLdd(s string) []string {
 }
 
 // BuildL2Initrd builds the L2 guest initramfs (busybox, tests/guest/init,
-// the guest's kernel modules) and returns its path.
+// the guest's kernel modules, tests/guest/pcipath) and returns its path.
 func BuildL2Initrd(root, cache string, k Kernel) (string, error) {
 	bb, err := findBusybox()
 	if err != nil {
@@ -334,9 +335,16 @@ func BuildL2Initrd(root, cache string, k Kernel) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	// The topology scenarios' NCCL path classifier: Go, static, so it
+	// runs in the busybox initramfs.
+	pcipath := filepath.Join(cache, "pcipath")
+	if err := goBuild(root, "build", "-o", pcipath, "./tests/guest/pcipath"); err != nil {
+		return "", err
+	}
 	im := NewImage()
 	im.AddFile("/init", filepath.Join(root, "tests", "guest", "init"), 0o755)
 	im.AddFile(busyboxInImage, bb, 0o755)
+	im.AddFile(l2PCIPath, pcipath, 0o755)
 	if err := addModules(im, k, mods, l2ModulesList, cache); err != nil {
 		return "", err
 	}

@@ -94,10 +94,19 @@ var ProfilePassthrough = Profile{
 
 // preparePassthrough creates the NVMe disk image and ivshmem's sparse
 // 64 GiB BAR backing file in the run directory and returns the devices
-// that use them.
+// that use them, at ProfilePassthrough's addresses on the root bus.
 func preparePassthrough(dir string) ([]string, error) {
+	return prepareStandIns("passthrough", dir, "addr=05.0", "addr=06.0")
+}
+
+// prepareStandIns creates the NVMe disk image and ivshmem's sparse 64 GiB
+// BAR backing file in dir and returns the QEMU arguments of the SR-IOV
+// NVMe controller and ivshmem-plain, placed by nvmeAt and ivshmemAt (QEMU
+// device options such as "addr=05.0" or "bus=dn2"). profile names the
+// caller in errors.
+func prepareStandIns(profile, dir, nvmeAt, ivshmemAt string) ([]string, error) {
 	if strings.ContainsAny(dir, ",:") {
-		return nil, fmt.Errorf("profile passthrough: run directory %q must not contain ',' or ':' (QEMU option syntax); set HPCVMM_TEST_CACHE to a plainer directory", dir)
+		return nil, fmt.Errorf("profile %s: run directory %q must not contain ',' or ':' (QEMU option syntax); set HPCVMM_TEST_CACHE to a plainer directory", profile, dir)
 	}
 	disk := filepath.Join(dir, PassthroughDiskFile)
 	bar := filepath.Join(dir, PassthroughBARFile)
@@ -108,39 +117,48 @@ func preparePassthrough(dir string) ([]string, error) {
 		// Sparse: only the blocks the guests write take disk space.
 		fh, err := os.Create(f.path)
 		if err != nil {
-			return nil, fmt.Errorf("profile passthrough: %w", err)
+			return nil, fmt.Errorf("profile %s: %w", profile, err)
 		}
 		err = fh.Truncate(f.size)
 		if cerr := fh.Close(); err == nil {
 			err = cerr
 		}
 		if err != nil {
-			return nil, fmt.Errorf("profile passthrough: sizing %s: %w", f.path, err)
+			return nil, fmt.Errorf("profile %s: sizing %s: %w", profile, f.path, err)
 		}
 	}
 	return []string{
 		"-device", "nvme-subsys,id=subsys0",
 		// max_ioqpairs - sriov_vq_flexible must be at least 2 (QEMU).
-		"-device", "nvme,serial=hpcvmm-sriov,subsys=subsys0,sriov_max_vfs=2,sriov_vq_flexible=8,sriov_vi_flexible=4,max_ioqpairs=12,msix_qsize=8,addr=05.0",
+		"-device", "nvme,serial=hpcvmm-sriov,subsys=subsys0,sriov_max_vfs=2,sriov_vq_flexible=8,sriov_vi_flexible=4,max_ioqpairs=12,msix_qsize=8," + nvmeAt,
 		"-drive", "file=" + disk + ",if=none,id=nvm,format=raw",
 		"-device", "nvme-ns,drive=nvm,nsid=1,shared=on,detached=on",
 		"-object", fmt.Sprintf("memory-backend-file,id=bar,size=%d,mem-path=%s,share=on,prealloc=off", int64(IvshmemBARSize), bar),
-		"-device", "ivshmem-plain,memdev=bar,addr=06.0",
+		"-device", "ivshmem-plain,memdev=bar," + ivshmemAt,
 	}, nil
 }
 
-// passthroughSetup creates the NVMe VF the way testbed.md measured it:
-// flexible resources to secondary controller 1, one VF without driver
-// autoprobe (so it binds only through driver_override), the secondary
-// controller online, the namespace attached to it.
-var passthroughSetup = `pf=/sys/bus/pci/devices/` + NVMePFBDF + `
+// passthroughSetup is ProfilePassthrough's L1 setup (standInsSetup).
+var passthroughSetup = standInsSetup(PassthroughHugePages1G, NVMePFBDF, NVMeVFBDF, EduBDF, IvshmemBDF)
+
+// standInsSetup is the L1 setup of a profile with the passthrough
+// stand-ins: it checks that L1 has hugepages1G 1 GiB pages and IOMMU
+// groups, then creates the NVMe VF the way testbed.md measured it
+// (flexible resources to secondary controller 1, one VF without driver
+// autoprobe, so it binds only through driver_override, the secondary
+// controller online, the namespace attached to it) and checks that vf
+// appeared as the VF of pf and that vf and every one of others has an
+// IOMMU group.
+func standInsSetup(hugepages1G int, pf, vf string, others ...string) string {
+	n := strconv.Itoa(hugepages1G)
+	return `pf=/sys/bus/pci/devices/` + pf + `
 n=$(cat /sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages)
-[ "$n" -eq ` + strconv.Itoa(PassthroughHugePages1G) + ` ] || { echo "L1 has $n of ` + strconv.Itoa(PassthroughHugePages1G) + ` 1 GiB hugepages: raise the profile's Memory"; exit 1; }
+[ "$n" -eq ` + n + ` ] || { echo "L1 has $n of ` + n + ` 1 GiB hugepages: raise the profile's Memory"; exit 1; }
 [ -n "$(ls /sys/kernel/iommu_groups)" ] || { echo "no IOMMU groups: intel-iommu or intel_iommu=on missing"; exit 1; }
 i=0
 while [ ! -c /dev/nvme0 ]; do
 	i=$((i + 1))
-	[ $i -le 300 ] || { echo "no /dev/nvme0 after 30 s: the NVMe PF did not come up"; exit 1; }
+	[ $i -le 300 ] || { echo "no /dev/nvme0 after 30 s: the NVMe PF ` + pf + ` did not come up"; exit 1; }
 	sleep 0.1
 done
 nvme virt-mgmt /dev/nvme0 -c 1 -r 0 -a 8 -n 2 >/dev/null
@@ -149,9 +167,10 @@ echo 0 >$pf/sriov_drivers_autoprobe
 echo 1 >$pf/sriov_numvfs
 nvme virt-mgmt /dev/nvme0 -c 1 -a 9 >/dev/null
 nvme attach-ns /dev/nvme0 -n 1 -c 1 >/dev/null
-vf=/sys/bus/pci/devices/` + NVMeVFBDF + `
-[ -e $vf/physfn ] || { echo "VF ` + NVMeVFBDF + ` missing or without physfn"; exit 1; }
-for d in ` + EduBDF + ` ` + NVMeVFBDF + ` ` + IvshmemBDF + `; do
+vf=/sys/bus/pci/devices/` + vf + `
+[ -e $vf/physfn ] || { echo "VF ` + vf + ` missing or without physfn"; exit 1; }
+for d in ` + strings.Join(append([]string{vf}, others...), " ") + `; do
 	g=$(readlink /sys/bus/pci/devices/$d/iommu_group) || { echo "$d has no IOMMU group"; exit 1; }
 	echo "L1 setup: $d vendor $(cat /sys/bus/pci/devices/$d/vendor) device $(cat /sys/bus/pci/devices/$d/device) group ${g##*/}"
 done`
+}

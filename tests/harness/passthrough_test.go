@@ -55,3 +55,33 @@ func TestPassthroughSetupIsValidShell(t *testing.T) {
 	out, err := exec.Command(sh, "-n", "-c", ProfilePassthrough.Setup).CombinedOutput()
 	assert.NoError(t, err, "%s", out)
 }
+
+func TestProfileSwitchPutsTheStandInsBehindTheSwitch(t *testing.T) {
+	dir := t.TempDir()
+	extra, err := ProfileSwitch.Prepare(dir)
+	require.NoError(t, err)
+	args, err := ProfileSwitch.QEMUArgs(L1Boot{Kernel: "k", Initrd: "i", ConsolePath: "c", ResultsPath: "r"}, "")
+	require.NoError(t, err)
+	args = append(args, extra...)
+	iommu := slices.Index(args, "intel-iommu,intremap=on,caching-mode=on,aw-bits=48")
+	rp := slices.Index(args, "pcie-root-port,id=rp1,bus=pcie.0,chassis=1,addr=07.0")
+	require.GreaterOrEqual(t, iommu, 0)
+	assert.Less(t, iommu, rp, "intel-iommu must precede the devices it translates")
+	joined := strings.Join(args, " ")
+	for _, want := range []string{"edu,bus=dn1,", "msix_qsize=8,bus=dn2", "ivshmem-plain,memdev=bar,bus=dn3", "xio3130-downstream,id=dn3,bus=up1", "-m 5G"} {
+		assert.Contains(t, joined, want)
+	}
+	assert.Contains(t, ProfileSwitch.Cmdline, "hugepages=2")
+	out, err := exec.Command("sh", "-n", "-c", ProfileSwitch.Setup).CombinedOutput()
+	assert.NoError(t, err, "%s", out)
+}
+
+func TestCPUProfilesArrangeTheirCPUs(t *testing.T) {
+	for p, want := range map[*Profile]string{&ProfileSMT: "-smp 2,threads=2", &ProfileCores: "-smp 2,cores=2"} {
+		args, err := p.QEMUArgs(L1Boot{Kernel: "k", Initrd: "i", ConsolePath: "c", ResultsPath: "r"}, "")
+		require.NoError(t, err)
+		assert.Contains(t, strings.Join(args, " "), want, p.Name)
+		out, err := exec.Command("sh", "-n", "-c", p.Setup).CombinedOutput()
+		assert.NoError(t, err, "%s", out)
+	}
+}

@@ -27,6 +27,12 @@ type Profile struct {
 	Memory string
 	// CPUs is L1's vCPU count (HPCVMM_L1_SMP overrides it).
 	CPUs int
+	// SMPTopology, when set, is appended to -smp: how QEMU arranges the
+	// CPUs ("threads=2": one core of two SMT threads; "cores=2"). Empty
+	// leaves QEMU's default (one single-thread core per socket). With
+	// HPCVMM_L1_SMP the count changes but the topology stays, and QEMU
+	// refuses a count the topology does not fit.
+	SMPTopology string
 	// Devices are extra QEMU arguments (devices, backends, globals).
 	Devices []string
 	// Cmdline are extra L1 kernel parameters.
@@ -74,7 +80,7 @@ var ProfileBasic = Profile{
 }
 
 // Profiles lists every profile whose setup is packed into the L1 initramfs.
-var Profiles = []Profile{ProfileBasic, ProfilePassthrough}
+var Profiles = []Profile{ProfileBasic, ProfilePassthrough, ProfileSwitch, ProfileSMT, ProfileCores}
 
 // Validate checks that the profile can build a QEMU command line.
 func (p Profile) Validate() error {
@@ -130,12 +136,16 @@ func (p Profile) QEMUArgs(b L1Boot, runConfigB64 string) ([]string, error) {
 	if b.CPUs > 0 {
 		cpus = b.CPUs
 	}
+	smp := strconv.Itoa(cpus)
+	if p.SMPTopology != "" {
+		smp += "," + p.SMPTopology
+	}
 	args := []string{
 		"-accel", "tcg",
 		"-machine", p.Machine,
 		"-cpu", "max", // exposes svm+npt, so kvm_amd loads inside L1
 		"-m", p.Memory,
-		"-smp", strconv.Itoa(cpus),
+		"-smp", smp,
 		"-nodefaults", "-no-user-config", "-display", "none",
 		"-no-reboot",
 		"-kernel", b.Kernel,
