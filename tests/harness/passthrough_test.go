@@ -77,7 +77,7 @@ func TestProfileSwitchPutsTheStandInsBehindTheSwitch(t *testing.T) {
 }
 
 func TestCPUProfilesArrangeTheirCPUs(t *testing.T) {
-	for p, want := range map[*Profile]string{&ProfileSMT: "-smp 2,threads=2", &ProfileCores: "-smp 2,cores=2"} {
+	for p, want := range map[*Profile]string{&ProfileCores: "-smp 2,cores=2"} {
 		args, err := p.QEMUArgs(L1Boot{Kernel: "k", Initrd: "i", ConsolePath: "c", ResultsPath: "r"}, "")
 		require.NoError(t, err)
 		assert.Contains(t, strings.Join(args, " "), want, p.Name)
