@@ -579,10 +579,11 @@ func buildGoKVM(ctx context.Context, dir, module string) (bin, version string, e
 }
 
 // netUnavailable says why the virtio-net case cannot run ("" if it can):
-// hpcvmm run has no --net tap=...,vhost=... flag.
+// hpcvmm run has no --net tap=...,vhost=... flag. The grouped help prints
+// the flag as "--net tap=NAME[,...][,vhost=on|off]".
 func netUnavailable(hpcvmm string) string {
 	out, _ := exec.Command(hpcvmm, "run", "-h").CombinedOutput()
-	if strings.Contains(string(out), "  -net ") && strings.Contains(string(out), "vhost=") {
+	if strings.Contains(string(out), "--net tap=") && strings.Contains(string(out), "vhost=") {
 		return ""
 	}
 	return "hpcvmm run has no network device flag yet (virtio/net is not wired into the VM)"
