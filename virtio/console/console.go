@@ -91,6 +91,11 @@ const (
 	configSize = 12
 
 	inputChunk = 4096
+
+	// txStageSize holds a batch of transmit chains between returning them
+	// and writing their bytes out: Linux's hvc console sends at most a page
+	// per chain and a port write at most 32 KiB.
+	txStageSize = 64 << 10
 )
 
 // Control events (virtio 1.x 5.3.6.2, struct virtio_console_control).
@@ -180,6 +185,11 @@ type Console struct {
 	gated      bool // MULTIPORT: hold input until ctl.open
 	ctlMsg     [ctlResizeSize]byte
 	ctlRecvBuf [ctlHeaderSize]byte
+
+	// Transmit staging (see transmit): txStage[:txStaged] is guest output
+	// whose chains were returned but which out has not been given yet.
+	txStage  [txStageSize]byte
+	txStaged int
 
 	// Input hand-off: the reader goroutine owns inBuf while inLen == 0;
 	// after it publishes a chunk (inLen > 0) the device goroutine consumes
@@ -379,9 +389,50 @@ func (c *Console) reportOut(err error) {
 	}
 }
 
-// transmit copies every available transmitq buffer to out and returns it.
+// transmit moves every available transmitq buffer to out.
+//
+// Each chain's bytes are copied into the staging buffer and the chain is
+// returned to the driver at once; the staged bytes go to out afterwards,
+// and only then does the device decide on the interrupt. Linux's hvc
+// console writes 2 KiB at a time and spins, interrupts off, until the
+// device returns the buffer (__send_to_port with nonblock false): returned
+// before the slow host write, the guest reclaims it, moves used_event past
+// it and queues its next chunk while out is being written, so the device
+// finds neither an interrupt due (vring_need_event is false) nor a kick
+// needed (avail_event is still behind). Returned after the write, as
+// before, every chunk cost a kick, an interrupt and an interrupt window
+// exit. A chain larger than the staging buffer is written straight from
+// guest memory before it is returned (backpressure is unchanged: nothing
+// more is taken off the ring while out blocks).
 func (c *Console) transmit() error {
-	return c.drainDriverQueue(c.tx, transmitQ, "transmitq", c.writeOut)
+	return c.drainDriverQueue(c.tx, transmitQ, "transmitq", c.stageOut, c.flushOut)
+}
+
+// stageOut takes one transmit chain's bytes: into the staging buffer when
+// they fit, else (after flushing what is staged, to keep the order)
+// straight to out.
+func (c *Console) stageOut(ch *queue.Chain) {
+	if ch.ReadableLen > uint64(len(c.txStage)-c.txStaged) {
+		c.flushOut()
+	}
+	if ch.ReadableLen > uint64(len(c.txStage)) {
+		c.writeOut(ch)
+		return
+	}
+	for i := range ch.Segments {
+		c.txStaged += copy(c.txStage[c.txStaged:], ch.Segments[i].Buf)
+	}
+}
+
+// flushOut writes the staged bytes to out.
+func (c *Console) flushOut() {
+	if c.txStaged == 0 {
+		return
+	}
+	if _, err := c.out.Write(c.txStage[:c.txStaged]); err != nil {
+		c.reportOut(err)
+	}
+	c.txStaged = 0
 }
 
 // writeOut copies one transmit chain's bytes to the host output.
@@ -399,11 +450,19 @@ func (c *Console) writeOut(ch *queue.Chain) {
 // drainDriverQueue consumes every chain the driver made available on a
 // driver-to-device queue (port 0's transmitq, the control transmitq): a
 // chain with a device-writable buffer is a ring violation; use sees each
-// chain before it is returned with length 0; the queue's interrupt is
-// raised once, if the driver wants one. use must not keep ch.
-func (c *Console) drainDriverQueue(q *queue.Queue, idx int, name string, use func(ch *queue.Chain)) error {
+// chain before it is returned with length 0 and must not keep it. After
+// each batch (the chains available when it started) flush (may be nil)
+// runs (also before an error return), then the queue's interrupt is raised if the driver wants one, then
+// notifications are re-armed; entries that arrived meanwhile make another
+// batch. Deciding after flush gives a driver that polls for its buffers
+// the time to take them, and one interrupt per batch bounds the latency
+// for a driver that waits for it.
+func (c *Console) drainDriverQueue(q *queue.Queue, idx int, name string, use func(ch *queue.Chain), flush func()) error {
 	if q == nil {
 		return nil
+	}
+	if flush == nil {
+		flush = func() {}
 	}
 	ch := c.chain
 	for {
@@ -411,27 +470,32 @@ func (c *Console) drainDriverQueue(q *queue.Queue, idx int, name string, use fun
 		for {
 			ok, err := q.Pop(ch)
 			if err != nil {
+				flush() // the chains returned before it are delivered
 				return fmt.Errorf("virtio-console %s: %w", name, err)
 			}
 			if !ok {
 				break
 			}
 			if ch.WritableLen > 0 || hasWritable(ch) {
+				flush()
 				return fmt.Errorf("virtio-console %s: chain %d has device-writable buffers", name, ch.Head)
 			}
 			use(ch)
 			if err := q.Push(ch.Head, 0); err != nil {
+				flush()
 				return err
 			}
 		}
+		flush()
+		if q.NeedInterrupt() {
+			c.interrupt(idx)
+		}
+		// Re-arm, then look again: an entry the driver added before it
+		// could see avail_event brings no kick.
 		if !q.EnableNotify() {
-			break
+			return nil
 		}
 	}
-	if q.NeedInterrupt() {
-		c.interrupt(idx)
-	}
-	return nil
 }
 
 func hasWritable(ch *queue.Chain) bool {

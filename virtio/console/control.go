@@ -15,7 +15,7 @@ import (
 // violations (a device-writable buffer) are errors like on port 0's
 // transmitq; a malformed message is reported and ignored.
 func (c *Console) receiveControl() error {
-	if err := c.drainDriverQueue(c.cout, ctlSendQ, "control transmitq", c.readControl); err != nil {
+	if err := c.drainDriverQueue(c.cout, ctlSendQ, "control transmitq", c.readControl, nil); err != nil {
 		return err
 	}
 	if err := c.sendControl(); err != nil {
