@@ -220,7 +220,7 @@ func runInL1(ctx context.Context, o options, art harness.L1Artifacts, inner stri
 	l1.PrefaultSec = 70
 	l1.LastSec = 60
 	l1.NetSec = 90 * o.reps
-	l1.NetMiB = 16 // long enough for the guest's 10 ms clock to time it
+	l1.NetMiB = 16      // long enough for the guest's 10 ms clock to time it
 	l1.NetReps = o.reps // each run is a full boot plus two transfers
 	l1.NetTimeout = 100 * time.Second
 	l1.ConsoleSec = 45 * o.reps
