@@ -99,6 +99,11 @@ func runSuppressionModel(t *testing.T, ops []byte) {
 			}
 			cur := d.UsedIdx()
 			want := suppressModel(eventIdx, old, cur, usedEvent, flags)
+			if b&1 != 0 {
+				// Asking without deciding changes nothing.
+				require.Equal(t, want, q.InterruptDue(), "InterruptDue")
+				require.Equal(t, want, q.InterruptDue(), "InterruptDue again")
+			}
 			got := q.NeedInterrupt()
 			require.Equal(t, want, got, "EVENT_IDX %v: used index %d -> %d, used_event %d, flags %#x", eventIdx, old, cur, usedEvent, flags)
 			old = cur
