@@ -235,6 +235,9 @@ func netRows(ix statIndex, where string) string {
 			{"xfer.kvm.exits", "KVM exits during the transfers"},
 			{"xfer.kvm.io_exits", "of which PIO to userspace"},
 			{"xfer.kvm.mmio_exits", "of which MMIO to userspace"},
+			{"xfer.kvm.irq_exits", "KVM irq_exits during the transfers"},
+			{"xfer.kvm.irq_window_exits", "KVM irq_window_exits during the transfers"},
+			{"xfer.kvm.irq_injections", "KVM interrupt injections during the transfers"},
 		} {
 			h, hok := ix.get(where, c, vmmHPCVMM, m.metric)
 			q, qok := ix.get(where, c, vmmQEMUQ35, m.metric)

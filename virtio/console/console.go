@@ -91,6 +91,19 @@ const (
 	configSize = 12
 
 	inputChunk = 4096
+
+	// txStageSize holds a batch of transmit chains between returning them
+	// and writing their bytes out: Linux's hvc console sends at most a page
+	// per chain and a port write at most 32 KiB.
+	txStageSize = 64 << 10
+
+	// txIRQDelay is how long a transmitq interrupt the driver asked for
+	// waits before the device asks again whether it is still wanted (see
+	// txInterrupt). Linux's hvc console takes each buffer by polling, so
+	// by then it has moved used_event past it and the interrupt would
+	// only find nothing to do; the only driver that sleeps on it is a
+	// port writer with a full ring, which waits a millisecond longer.
+	txIRQDelay = time.Millisecond
 )
 
 // Control events (virtio 1.x 5.3.6.2, struct virtio_console_control).
@@ -181,6 +194,19 @@ type Console struct {
 	ctlMsg     [ctlResizeSize]byte
 	ctlRecvBuf [ctlHeaderSize]byte
 
+	// Transmit staging (see transmit): txStage[:txStaged] is guest output
+	// whose chains were returned but which out has not been given yet.
+	txStage  [txStageSize]byte
+	txStaged int
+
+	// Deferred transmitq interrupt (see txInterrupt): txDeferred is set,
+	// and txTimer armed to signal eventFD at txDeadline, while entries
+	// whose interrupt the driver asked for wait for the decision.
+	txDeferred bool
+	txDeadline time.Time
+	txTimer    *time.Timer
+	fdClosed   bool // under mu: eventFD is closed, the timer must not signal it
+
 	// Input hand-off: the reader goroutine owns inBuf while inLen == 0;
 	// after it publishes a chunk (inLen > 0) the device goroutine consumes
 	// it and gives the buffer back through consumed.
@@ -213,13 +239,31 @@ func New(in io.Reader, out io.Writer, opts Options) (*Console, error) {
 	if err != nil {
 		return nil, fmt.Errorf("virtio-console: input eventfd: %w", err)
 	}
-	return &Console{
+	c := &Console{
 		in: in, out: out, opts: opts, eventFD: fd,
 		rows: opts.Rows, cols: opts.Cols,
 		chain:    queue.NewChain(queue.MaxSize),
 		consumed: make(chan struct{}, 1),
 		quit:     make(chan struct{}),
-	}, nil
+	}
+	// One timer for the device's life: Reset re-arms it without
+	// allocating.
+	c.txTimer = time.AfterFunc(time.Hour, c.txTimerFired)
+	c.txTimer.Stop()
+	return c, nil
+}
+
+// txTimerFired wakes the device goroutine for a deferred transmitq
+// interrupt (HandleEvent decides it).
+func (c *Console) txTimerFired() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fdClosed {
+		return
+	}
+	if err := irq.SignalEventFD(c.eventFD); err != nil && c.opts.OnError != nil {
+		c.opts.OnError(fmt.Errorf("virtio-console: signal deferred interrupt: %w", err))
+	}
 }
 
 // SetSize reports a new terminal size to the guest. Safe from any
@@ -253,6 +297,10 @@ func (c *Console) Close() error {
 		return nil
 	}
 	close(c.quit)
+	c.txTimer.Stop()
+	c.mu.Lock()
+	c.fdClosed = true // a timer already firing finds it and does nothing
+	c.mu.Unlock()
 	return unix.Close(c.eventFD)
 }
 
@@ -305,6 +353,7 @@ func (c *Console) Activate(features uint64, queues []*queue.Queue, irq virtio.In
 	}
 	c.ctl = control{}
 	c.gated = multiport
+	c.txDeferred = false
 	c.mu.Lock()
 	c.irq = irq
 	c.multiport = multiport
@@ -321,6 +370,10 @@ func (c *Console) Reset() {
 	c.rx, c.tx, c.cin, c.cout = nil, nil, nil, nil
 	c.ctl = control{}
 	c.gated = false
+	// A deferred interrupt dies with the queues; a timer still running
+	// only wakes the device goroutine once for nothing.
+	c.txDeferred = false
+	c.txTimer.Stop()
 	c.mu.Lock()
 	c.irq = nil
 	c.multiport = false
@@ -334,6 +387,7 @@ func (c *Console) EventFD() int { return c.eventFD }
 // HandleEvent implements virtio.Device.
 func (c *Console) HandleEvent() error {
 	irq.DrainEventFD(c.eventFD, c.drain[:])
+	c.txDeferredDue()
 	if c.cin != nil {
 		c.queueResize()
 		if err := c.sendControl(); err != nil {
@@ -379,9 +433,91 @@ func (c *Console) reportOut(err error) {
 	}
 }
 
-// transmit copies every available transmitq buffer to out and returns it.
+// transmit moves every available transmitq buffer to out.
+//
+// Each chain's bytes are copied into the staging buffer and the chain is
+// returned to the driver at once; the staged bytes go to out afterwards,
+// and only then does the device decide on the interrupt. Linux's hvc
+// console writes 2 KiB at a time and spins, interrupts off, until the
+// device returns the buffer (__send_to_port with nonblock false): returned
+// before the slow host write, the guest reclaims it, moves used_event past
+// it and queues its next chunk while out is being written, so the device
+// finds neither an interrupt due (vring_need_event is false) nor a kick
+// needed (avail_event is still behind). Returned after the write, as
+// before, every chunk cost a kick, an interrupt and an interrupt window
+// exit. A chain larger than the staging buffer is written straight from
+// guest memory before it is returned (backpressure is unchanged: nothing
+// more is taken off the ring while out blocks).
 func (c *Console) transmit() error {
-	return c.drainDriverQueue(c.tx, transmitQ, "transmitq", c.writeOut)
+	return c.drainDriverQueue(c.tx, "transmitq", c.stageOut, c.flushOut, c.txInterrupt)
+}
+
+// txInterrupt decides the transmitq interrupt after a batch. An interrupt
+// the driver does not want (it took every buffer, or asked for none) is
+// decided at once. One it wants is deferred by txIRQDelay and then asked
+// for again (txDeferredDue): Linux's hvc console spins, interrupts off,
+// until its buffer is back (__send_to_port), so such an interrupt arrives
+// after it took the buffer and moved used_event past it, costing an
+// interrupt-window exit, an injection and a handler that finds nothing.
+// Deferring never loses one: if the driver still wants it when the timer
+// fires, it gets it then, and vring_need_event covers every entry since
+// the last decision. Further batches meanwhile keep the first deadline,
+// so the delay stays bounded.
+func (c *Console) txInterrupt() {
+	q := c.tx
+	if q.InterruptDue() {
+		if !c.txDeferred {
+			c.txDeferred = true
+			c.txDeadline = time.Now().Add(txIRQDelay)
+			c.txTimer.Reset(txIRQDelay)
+		}
+		return
+	}
+	// Nothing due: record the decision for the entries so far (the
+	// driver may have asked in between: then it gets the interrupt now).
+	c.txDeferred = false
+	if q.NeedInterrupt() {
+		c.interrupt(transmitQ)
+	}
+}
+
+// txDeferredDue decides a deferred transmitq interrupt once its deadline
+// has passed (HandleEvent runs for host input too, earlier).
+func (c *Console) txDeferredDue() {
+	if !c.txDeferred || time.Now().Before(c.txDeadline) {
+		return
+	}
+	c.txDeferred = false
+	if c.tx != nil && c.tx.NeedInterrupt() {
+		c.interrupt(transmitQ)
+	}
+}
+
+// stageOut takes one transmit chain's bytes: into the staging buffer when
+// they fit, else (after flushing what is staged, to keep the order)
+// straight to out.
+func (c *Console) stageOut(ch *queue.Chain) {
+	if ch.ReadableLen > uint64(len(c.txStage)-c.txStaged) {
+		c.flushOut()
+	}
+	if ch.ReadableLen > uint64(len(c.txStage)) {
+		c.writeOut(ch)
+		return
+	}
+	for i := range ch.Segments {
+		c.txStaged += copy(c.txStage[c.txStaged:], ch.Segments[i].Buf)
+	}
+}
+
+// flushOut writes the staged bytes to out.
+func (c *Console) flushOut() {
+	if c.txStaged == 0 {
+		return
+	}
+	if _, err := c.out.Write(c.txStage[:c.txStaged]); err != nil {
+		c.reportOut(err)
+	}
+	c.txStaged = 0
 }
 
 // writeOut copies one transmit chain's bytes to the host output.
@@ -399,9 +535,13 @@ func (c *Console) writeOut(ch *queue.Chain) {
 // drainDriverQueue consumes every chain the driver made available on a
 // driver-to-device queue (port 0's transmitq, the control transmitq): a
 // chain with a device-writable buffer is a ring violation; use sees each
-// chain before it is returned with length 0; the queue's interrupt is
-// raised once, if the driver wants one. use must not keep ch.
-func (c *Console) drainDriverQueue(q *queue.Queue, idx int, name string, use func(ch *queue.Chain)) error {
+// chain before it is returned with length 0 and must not keep it. After
+// each batch (the chains available when it started) flush runs (also
+// before an error return), then decide settles the queue's interrupt, then
+// notifications are re-armed; entries that arrived meanwhile make another
+// batch. Deciding after flush gives a driver that polls for its buffers
+// the time to take them.
+func (c *Console) drainDriverQueue(q *queue.Queue, name string, use func(ch *queue.Chain), flush, decide func()) error {
 	if q == nil {
 		return nil
 	}
@@ -411,27 +551,30 @@ func (c *Console) drainDriverQueue(q *queue.Queue, idx int, name string, use fun
 		for {
 			ok, err := q.Pop(ch)
 			if err != nil {
+				flush() // the chains returned before it are delivered
 				return fmt.Errorf("virtio-console %s: %w", name, err)
 			}
 			if !ok {
 				break
 			}
 			if ch.WritableLen > 0 || hasWritable(ch) {
+				flush()
 				return fmt.Errorf("virtio-console %s: chain %d has device-writable buffers", name, ch.Head)
 			}
 			use(ch)
 			if err := q.Push(ch.Head, 0); err != nil {
+				flush()
 				return err
 			}
 		}
+		flush()
+		decide()
+		// Re-arm, then look again: an entry the driver added before it
+		// could see avail_event brings no kick.
 		if !q.EnableNotify() {
-			break
+			return nil
 		}
 	}
-	if q.NeedInterrupt() {
-		c.interrupt(idx)
-	}
-	return nil
 }
 
 func hasWritable(ch *queue.Chain) bool {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/hpcvmm/hpcvmm/virtio"
 	"github.com/hpcvmm/hpcvmm/virtio/console"
@@ -186,8 +187,9 @@ func (i *nopIRQ) SignalQueue(int) { i.n++ }
 func (i *nopIRQ) ConfigChanged()  {}
 
 // BenchmarkConsoleTransmit measures guest-to-host console output per
-// request on the device goroutine's path (pop, write to the host writer,
-// push, interrupt decision), for a short line and a full page. The
+// request on the device goroutine's path (pop, copy to the staging buffer,
+// push, write to the host writer, interrupt decision, the deferred
+// interrupt's wakeup), for a short line and a full page. The
 // throughput column is guest-to-host bytes/s excluding the guest's own
 // kick and wakeup; allocs/op must be 0.
 func BenchmarkConsoleTransmit(b *testing.B) {
@@ -207,15 +209,23 @@ func BenchmarkConsoleTransmit(b *testing.B) {
 			irq := &nopIRQ{}
 			require.NoError(b, con.Activate(feat, []*queue.Queue{rq, tq, nil, nil}, irq))
 			tx.Chain(tx.DescAddr, 0, []queuetest.Buf{{Addr: 0x80000, Len: size}})
+			pfd := []unix.PollFd{{Fd: int32(con.EventFD()), Events: unix.POLLIN}}
 			b.SetBytes(int64(size))
 			b.ReportAllocs()
 			for b.Loop() {
 				// The guest's used_event follows its last seen used index,
-				// as Linux's does, so every request asks for an interrupt.
+				// as Linux's does, so every request asks for an interrupt;
+				// deferred ones are decided when the eventfd says so, as
+				// the transport's goroutine would.
 				binary.LittleEndian.PutUint16(mem[tx.Avail+4+2*256:], tx.UsedIdx())
 				tx.Publish(0)
 				if err := con.QueueNotify(1); err != nil {
 					b.Fatal(err)
+				}
+				if n, _ := unix.Poll(pfd, 0); n > 0 {
+					if err := con.HandleEvent(); err != nil {
+						b.Fatal(err)
+					}
 				}
 			}
 			if irq.n == 0 {
@@ -284,4 +294,156 @@ func TestConsoleInputBackpressure(t *testing.T) {
 		assert.LessOrEqual(t, src.read.Load()-int64(len(got)), int64(4096), "read ahead of the guest")
 	}
 	assert.Equal(t, want, got)
+}
+
+// pollingGuest is hpcvmm's stdout in TestConsoleTransmitBeforeWrite: at
+// each write it checks which transmit chains the device has returned and,
+// when poll is set, takes them as Linux's hvc console does while it spins
+// (virtqueue_get_buf, which moves used_event to its last seen used index).
+type pollingGuest struct {
+	tx       *queuetest.Driver
+	poll     bool
+	out      bytes.Buffer
+	usedSeen []uint16 // the used index at each write
+}
+
+func (p *pollingGuest) Write(b []byte) (int, error) {
+	p.usedSeen = append(p.usedSeen, p.tx.UsedIdx())
+	if p.poll {
+		for {
+			if _, _, ok := p.tx.NextUsed(); !ok {
+				break
+			}
+		}
+		p.tx.SetUsedEvent(p.tx.UsedIdx())
+	}
+	return p.out.Write(b)
+}
+
+// TestConsoleTransmitBeforeWrite: a transmit chain that fits the staging
+// buffer is returned before its bytes go to the host, and the interrupt is
+// decided after the write, so a guest that polls for its buffer (Linux's
+// hvc console) has taken it by then and gets no interrupt; a guest that
+// did not take it gets one per batch, after the deferral (txIRQDelay). A chain larger than the staging
+// buffer is written from guest memory first, in order with the others.
+func TestConsoleTransmitBeforeWrite(t *testing.T) {
+	for _, poll := range []bool{true, false} {
+		mem := make(queuetest.Memory, 1<<20)
+		rx := queuetest.NewDriver(mem, 64, 0x1000)
+		tx := queuetest.NewDriver(mem, 64, 0x4000)
+		feat := virtio.FeatureVersion1 | virtio.FeatureEventIdx
+		rq, err := queue.New(mem, rx.Config(), feat)
+		require.NoError(t, err)
+		tq, err := queue.New(mem, tx.Config(), feat)
+		require.NoError(t, err)
+		pg := &pollingGuest{tx: tx, poll: poll}
+		con, err := console.New(nil, pg, console.Options{QueueSize: 64})
+		require.NoError(t, err)
+		defer con.Close()
+		irq := &nopIRQ{}
+		require.NoError(t, con.Activate(feat, []*queue.Queue{rq, tq, nil, nil}, irq))
+
+		// wake waits for the device's eventfd, as the transport's
+		// goroutine does, and runs HandleEvent.
+		pfd := []unix.PollFd{{Fd: int32(con.EventFD()), Events: unix.POLLIN}}
+		wake := func(timeout time.Duration) bool {
+			n, err := unix.Poll(pfd, int(timeout/time.Millisecond))
+			if err != nil || n == 0 {
+				return false
+			}
+			require.NoError(t, con.HandleEvent())
+			return true
+		}
+		var want []byte
+		const chunks = 20
+		for i := range chunks {
+			// 2 KiB, as Linux's tty layer hands hvc its writes.
+			chunk := bytes.Repeat([]byte{byte('a' + i%26)}, 2048)
+			copy(mem[0x10000:], chunk)
+			want = append(want, chunk...)
+			tx.SetUsedEvent(tx.UsedIdx()) // Linux after its last get_buf
+			tx.Chain(tx.DescAddr, uint16(i%64), []queuetest.Buf{{Addr: 0x10000, Len: 2048}})
+			tx.Publish(uint16(i % 64))
+			start := time.Now()
+			require.NoError(t, con.QueueNotify(1))
+			require.Equal(t, uint16(i+1), pg.usedSeen[i], "chain %d returned before its write", i)
+			if poll {
+				continue
+			}
+			// The interrupt the driver still wants comes once the
+			// deferral ends, not before.
+			assert.Equal(t, i, irq.n, "interrupt deferred")
+			for irq.n == i && wake(time.Second) {
+			}
+			assert.Equal(t, i+1, irq.n, "interrupt raised after the deferral")
+			assert.GreaterOrEqual(t, time.Since(start), time.Millisecond)
+		}
+		assert.Equal(t, want, pg.out.Bytes(), "poll %v", poll)
+		if poll {
+			assert.False(t, wake(20*time.Millisecond), "no deferral armed")
+			assert.Zero(t, irq.n, "interrupts to a guest that took every buffer during the write")
+		}
+	}
+
+	// A driver that takes its buffer during the deferral gets no
+	// interrupt, and the decision covers it.
+	{
+		mem := make(queuetest.Memory, 1<<20)
+		tx := queuetest.NewDriver(mem, 8, 0x1000)
+		feat := virtio.FeatureVersion1 | virtio.FeatureEventIdx
+		tq, err := queue.New(mem, tx.Config(), feat)
+		require.NoError(t, err)
+		con, err := console.New(nil, io.Discard, console.Options{QueueSize: 8})
+		require.NoError(t, err)
+		defer con.Close()
+		irq := &nopIRQ{}
+		require.NoError(t, con.Activate(feat, []*queue.Queue{nil, tq, nil, nil}, irq))
+		tx.Chain(tx.DescAddr, 0, []queuetest.Buf{{Addr: 0x10000, Len: 10}})
+		tx.Publish(0)
+		require.NoError(t, con.QueueNotify(1))
+		_, _, ok := tx.NextUsed()
+		require.True(t, ok)
+		tx.SetUsedEvent(1)
+		pfd := []unix.PollFd{{Fd: int32(con.EventFD()), Events: unix.POLLIN}}
+		n, err := unix.Poll(pfd, 1000)
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "the deferral's timer wakes the device")
+		require.NoError(t, con.HandleEvent())
+		assert.Zero(t, irq.n)
+	}
+
+	// Order across the two paths: small, large (120 KiB > the staging
+	// buffer, in three segments), small, in one batch.
+	mem := make(queuetest.Memory, 1<<20)
+	tx := queuetest.NewDriver(mem, 8, 0x1000)
+	feat := virtio.FeatureVersion1 | virtio.FeatureEventIdx
+	tq, err := queue.New(mem, tx.Config(), feat)
+	require.NoError(t, err)
+	pg := &pollingGuest{tx: tx}
+	con, err := console.New(nil, pg, console.Options{QueueSize: 8})
+	require.NoError(t, err)
+	defer con.Close()
+	require.NoError(t, con.Activate(feat, []*queue.Queue{nil, tq, nil, nil}, &nopIRQ{}))
+	var want []byte
+	for i, r := range []struct {
+		addr uint64
+		n    int
+	}{{0x10000, 100}, {0x20000, 40 << 10}, {0x30000, 40 << 10}, {0x40000, 40 << 10}, {0x50000, 300}} {
+		for k := range r.n {
+			mem[r.addr+uint64(k)] = byte(i*7 + k)
+		}
+		want = append(want, mem[r.addr:r.addr+uint64(r.n)]...)
+	}
+	tx.Chain(tx.DescAddr, 0, []queuetest.Buf{{Addr: 0x10000, Len: 100}})
+	tx.Chain(tx.DescAddr, 1, []queuetest.Buf{{Addr: 0x20000, Len: 40 << 10}, {Addr: 0x30000, Len: 40 << 10}, {Addr: 0x40000, Len: 40 << 10}})
+	tx.Chain(tx.DescAddr, 4, []queuetest.Buf{{Addr: 0x50000, Len: 300}})
+	tx.Publish(0)
+	tx.Publish(1)
+	tx.Publish(4)
+	require.NoError(t, con.QueueNotify(1))
+	assert.Equal(t, want, pg.out.Bytes())
+	// The staged 100 bytes (chain 0 returned), then the large chain's
+	// three segments before it is returned, then the last 300 staged.
+	assert.Equal(t, []uint16{1, 1, 1, 1, 3}, pg.usedSeen)
+	assert.Equal(t, uint16(3), tx.UsedIdx())
 }

@@ -15,7 +15,7 @@ import (
 // violations (a device-writable buffer) are errors like on port 0's
 // transmitq; a malformed message is reported and ignored.
 func (c *Console) receiveControl() error {
-	if err := c.drainDriverQueue(c.cout, ctlSendQ, "control transmitq", c.readControl); err != nil {
+	if err := c.drainDriverQueue(c.cout, "control transmitq", c.readControl, func() {}, c.ctlSendInterrupt); err != nil {
 		return err
 	}
 	if err := c.sendControl(); err != nil {
@@ -23,6 +23,15 @@ func (c *Console) receiveControl() error {
 	}
 	// PORT_OPEN may have opened the gate for input already waiting.
 	return c.fillReceive()
+}
+
+// ctlSendInterrupt raises the control transmitq's interrupt at once when
+// the driver wants it: control messages are rare, and Linux waits for
+// nothing on this queue but its buffers.
+func (c *Console) ctlSendInterrupt() {
+	if c.cout.NeedInterrupt() {
+		c.interrupt(ctlSendQ)
+	}
 }
 
 // readControl applies the control message in one chain. Linux sends the

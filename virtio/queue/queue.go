@@ -332,11 +332,21 @@ func (q *Queue) Flush(n uint16) {
 // entries pushed since the last call (used_event with EVENT_IDX, else the
 // NO_INTERRUPT flag). Call it once after pushing a batch.
 func (q *Queue) NeedInterrupt() bool {
+	due := q.InterruptDue()
+	q.signalled = q.usedIdx
+	return due
+}
+
+// InterruptDue reports what NeedInterrupt would, without recording the
+// decision: entries pushed since the last NeedInterrupt stay undecided. A
+// device that defers an interrupt asks this first and NeedInterrupt when
+// the deferral ends; the driver may have taken the entries and moved
+// used_event past them meanwhile, and then needs none.
+func (q *Queue) InterruptDue() bool {
 	// The used index was published by an atomic store and the driver's
 	// fields below are atomic loads: sequentially consistent, so the
 	// driver either sees the new index or we see its new used_event.
 	old, cur := q.signalled, q.usedIdx
-	q.signalled = cur
 	if old == cur {
 		return false
 	}
