@@ -71,7 +71,7 @@ func TestResolveStepDevices(t *testing.T) {
 	// and the second VF: the step variables win over the job's.
 	n.env["SLURM_JOB_GPUS"] = "0,1"
 	n.env["SLURM_STEP_GPUS"] = "1"
-	n.env["SLURM_STEP_NICS"] = "41"
+	n.env["SLURM_STEP_NICS"] = "mlx4_41" // as gres_nic.c writes it (Slurm 22.05.8, observed in L1)
 	n.env["SLURM_STEP_GRES"] = "gpu:1,nic:1" // counts only: not what hpcvmm reads
 	gpus, err := n.Env().Resolve(GPU)
 	require.NoError(t, err)
@@ -81,8 +81,17 @@ func TestResolveStepDevices(t *testing.T) {
 
 	nics, err := n.Env().Resolve(NIC)
 	require.NoError(t, err)
+	assert.Equal(t, "SLURM_STEP_NICS=mlx4_41", nics.Source)
 	assert.Equal(t, []int{41}, nics.Groups)
 	assert.Equal(t, []host.BDF{mustBDF(t, "0000:41:00.2")}, nics.Functions)
+
+	// Both VFs, and the plain form of the list.
+	for _, v := range []string{"mlx4_40,mlx4_41", "40,41"} {
+		n.env["SLURM_STEP_NICS"] = v
+		nics, err = n.Env().Resolve(NIC)
+		require.NoError(t, err, v)
+		assert.Equal(t, []int{40, 41}, nics.Groups, v)
+	}
 
 	// The batch script: the job's variables; the bridge in group 12 stays
 	// behind, the GPU's audio function goes with it.
@@ -108,6 +117,7 @@ func TestResolveErrors(t *testing.T) {
 		{"no such gres on node", "NodeName=n2 Name=gpu File=/dev/vfio/12\nName=nic Count=2\n", map[string]string{"SLURM_STEP_NICS": "0"}, NIC, []string{"declares no Name=nic", "for node n1", "line 2 has Name=nic with Count= but no File="}},
 		{"not a vfio group", "Name=gpu File=/dev/nvidia[0-1]\n", map[string]string{"SLURM_STEP_GPUS": "1"}, GPU, []string{"SLURM_STEP_GPUS=1 gives /dev/nvidia1", "line 1", "is not a VFIO group"}},
 		{"group not on host", "Name=gpu File=/dev/vfio/77\n", map[string]string{"SLURM_STEP_GPUS": "0"}, GPU, []string{"/dev/vfio/77 does not exist", "bind them"}},
+		{"nic list mixing forms", nodeGres, map[string]string{"SLURM_STEP_NICS": "mlx4_40,41"}, NIC, []string{`SLURM_STEP_NICS=mlx4_40,41`, `item "41" lacks the "mlx4_"`}},
 		{"garbage variable", nodeGres, map[string]string{"SLURM_STEP_GPUS": "(null)"}, GPU, []string{`SLURM_STEP_GPUS=(null)`, "want numbers"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
