@@ -121,7 +121,7 @@ done
 i=0
 until [ "$(sinfo -h -N -o '%N %t' 2>/dev/null | grep -c ' idle$')" -eq 2 ]; do
 	i=$((i + 1))
-	if [ $i -gt 20 ]; then
+	if [ $i -gt 240 ]; then
 		sinfo -N -l 2>&1
 		tail -20 /var/log/slurm/slurmctld.log /var/log/slurm/slurmd-n1.log /var/log/slurm/slurmd-n2.log
 		echo "Slurm nodes n1, n2 not idle after 120 s"
