@@ -52,5 +52,7 @@
 // plugins set them). hpcvmm pins its vCPUs to those of them on the VM's
 // NUMA node (see NodeCPUs). Guest RAM defaults to the job's memory on the
 // node, SLURM_MEM_PER_NODE MiB, or SLURM_MEM_PER_CPU MiB times the step's
-// CPUs, less Headroom for hpcvmm itself (see GuestMemory).
+// CPUs, or, in a step of a bare srun (which exports neither), the job's
+// MinMemoryNode/MinMemoryCPU from `scontrol show job`, less Headroom for
+// hpcvmm itself (see GuestMemory).
 package slurm

@@ -37,8 +37,9 @@ type Env struct {
 	// "/dev".
 	DevDir string
 	// Scontrol returns `scontrol show job -d JOBID`; nil runs scontrol.
-	// It is used only where Slurm sets no device variable (the nic GRES
-	// in a Prolog/Epilog).
+	// It is used only where Slurm sets no variable: the nic GRES in a
+	// Prolog/Epilog, and the job's memory in a step a bare srun created
+	// (srun exports no SLURM_MEM_PER_NODE; sbatch and salloc do).
 	Scontrol func(jobID string) (string, error)
 }
 
@@ -348,14 +349,7 @@ func (e *Env) scontrolIndices(name string) ([]int, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	run := e.Scontrol
-	if run == nil {
-		run = func(id string) (string, error) {
-			out, err := exec.Command("scontrol", "show", "job", "-d", id).Output()
-			return string(out), err
-		}
-	}
-	out, err := run(job)
+	out, err := e.scontrol(job)
 	if err != nil {
 		return nil, "", fmt.Errorf("slurm: no SLURM_JOB_NICS here (%s), and `scontrol show job -d %s` failed: %w", e.getenv("SLURM_SCRIPT_CONTEXT"), job, err)
 	}
@@ -364,6 +358,15 @@ func (e *Env) scontrolIndices(name string) ([]int, string, error) {
 		return nil, "", fmt.Errorf("slurm: `scontrol show job -d %s`: %w", job, err)
 	}
 	return idx, fmt.Sprintf("scontrol show job -d %s: %s IDX:%s", job, name, host.FormatCPUList(idx)), nil
+}
+
+// scontrol returns `scontrol show job -d job`.
+func (e *Env) scontrol(job string) (string, error) {
+	if e.Scontrol != nil {
+		return e.Scontrol(job)
+	}
+	out, err := exec.Command("scontrol", "show", "job", "-d", job).Output()
+	return string(out), err
 }
 
 // JobGRESIndices parses `scontrol show job -d` output for the indices of

@@ -118,8 +118,10 @@ func TestSlurmPassthrough(t *testing.T) {
 		require.NotNil(t, cpus)
 		assert.Equal(t, "0", cpus["cpus"], "the step's CPUs (L1 has one)")
 		mem := logRecord(log, "guest RAM from Slurm")
-		require.NotNil(t, mem)
-		assert.Equal(t, "SLURM_MEM_PER_NODE=2048", mem["slurm"])
+		require.NotNil(t, mem, "hpcvmm log:\n%s", harness.Tail(log, 30))
+		// A bare srun exports no SLURM_MEM_PER_NODE (sbatch and salloc
+		// do): the job's memory comes from scontrol.
+		assert.Regexp(t, `^scontrol show job [0-9]+: MinMemoryNode=2G$`, mem["slurm"])
 		assert.Equal(t, "1G", mem["memory"], "2048 MiB less 5%% and 256 MiB, in whole 1 GiB pages")
 		for _, k := range []string{"slurm", "vfio_groups"} {
 			env.Record(t, "gpu_"+k, gpus[k])
@@ -214,15 +216,23 @@ func TestSlurmTwoNodes(t *testing.T) {
 		node := filepath.Join(dir, "node.sh")
 		body := fmt.Sprintf(`#!/bin/sh
 # One VM per node: rank 0 listens, rank 1 sends.
+# hpcvmm creates the TAP (and removes it when it exits); the script puts it
+# on the bridge the other node's TAP is on, as a site's network setup would.
 id=$SLURM_NODEID
 tap=hpvsl$id
-ip tuntap add dev $tap mode tap || exit 1
-ip link set $tap master %[1]s up || { ip link del $tap; exit 1; }
 if [ "$id" = 0 ]; then addr=10.78.0.11 peer=10.78.0.12 tcp=listen:7001; else addr=10.78.0.12 peer=10.78.0.11 tcp=send:7001; fi
 %[2]s --cmdline "console=ttyS0 reboot=k panic=-1 hpcvmm.scenario=net hpcvmm.net_addr=$addr hpcvmm.net_peer=$peer hpcvmm.net_wait=240 hpcvmm.net_tcp=$tcp" \
-	--net tap=$tap,mac=02:68:70:00:01:1$id >%[3]s/console.$id 2>%[3]s/log.$id
+	--net tap=$tap,mac=02:68:70:00:01:1$id >%[3]s/console.$id 2>%[3]s/log.$id &
+pid=$!
+i=0
+until [ -e /sys/class/net/$tap ]; do
+	i=$((i + 1))
+	{ [ $i -le 1200 ] && kill -0 $pid 2>/dev/null; } || break
+	sleep 0.1
+done
+ip link set $tap master %[1]s && echo "node $SLURMD_NODENAME: $tap on %[1]s"
+wait $pid
 rc=$?
-ip link del $tap
 echo "node $SLURMD_NODENAME id $id hpcvmm exit $rc"
 exit $rc
 `, harness.SlurmBridge, shellArgs([]string{env.HPCVMM(t), "run", "--kernel", env.L2Kernel(t), "--initrd", env.L2Initrd(t), "--hugepages", "1G"}), dir)
@@ -235,6 +245,8 @@ exit $rc
 		job, _ := os.ReadFile(out)
 		t.Logf("sbatch: exit %d %s %s\njob output:\n%s", o.code, o.stdout, o.stderr, job)
 		assert.Equal(t, 0, o.code, "sbatch --wait exit status (the job's)\n%s", slurmLogs())
+		assert.Contains(t, string(job), "node n1: hpvsl0 on "+harness.SlurmBridge)
+		assert.Contains(t, string(job), "node n2: hpvsl1 on "+harness.SlurmBridge)
 		assert.Contains(t, string(job), "node n1 id 0 hpcvmm exit 0")
 		assert.Contains(t, string(job), "node n2 id 1 hpcvmm exit 0")
 

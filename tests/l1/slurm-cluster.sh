@@ -22,6 +22,7 @@
 # the bridge the two nodes' VMs share (SLURM_BRIDGE, SLURM_BRIDGE_ADDR)
 # carries one.
 : "${SLURM_BRIDGE:?}" "${SLURM_BRIDGE_ADDR:?}"
+mkdir -p /etc
 ip link set lo up
 ip link add "$SLURM_BRIDGE" type bridge
 ip addr add "$SLURM_BRIDGE_ADDR" dev "$SLURM_BRIDGE"
