@@ -88,10 +88,14 @@ SchedulerType=sched/builtin
 ReturnToService=2
 # Both nodes are this one L1 with one CPU: take the node lines as given.
 SlurmdParameters=config_overrides
+# L1 is emulated and shares a loaded machine: a step launch took longer than
+# the default 10 s MessageTimeout there. Generous limits keep slowness from
+# looking like a dead node.
+MessageTimeout=100
 InactiveLimit=0
-KillWait=5
+KillWait=30
 MinJobAge=30
-SlurmdTimeout=60
+SlurmdTimeout=600
 NodeName=n[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[17011-17012] CPUs=1 RealMemory=2048 Gres=gpu:1,nic:1 State=UNKNOWN
 PartitionName=vm Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP
 EOF
