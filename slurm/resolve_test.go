@@ -258,8 +258,8 @@ func TestJobMemory(t *testing.T) {
 		"   MinCPUsNode=1 MinMemoryNode=2G MinTmpDiskNode=0\n":    {"MinMemoryNode=2G", 2048},
 		"   MinCPUsNode=1 MinMemoryNode=1.50G MinTmpDiskNode=0\n": {"MinMemoryNode=1.50G", 1536},
 		"   MinCPUsNode=1 MinMemoryCPU=700M MinTmpDiskNode=0\n":   {"MinMemoryCPU=700M", 700},
-		"MinMemoryNode=4096":                                      {"MinMemoryNode=4096", 4096},
-		"MinMemoryNode=1T":                                        {"MinMemoryNode=1T", 1 << 20},
+		"MinMemoryNode=4096": {"MinMemoryNode=4096", 4096},
+		"MinMemoryNode=1T":   {"MinMemoryNode=1T", 1 << 20},
 	} {
 		f, mib, found, err := JobMemory(out)
 		require.NoError(t, err, out)

@@ -169,4 +169,3 @@ func TestRunSlurmCLI(t *testing.T) {
 	assert.Equal(t, "hpcvmm run: --gpu slurm: slurm: --gpu slurm needs a Slurm job, and SLURM_JOB_ID is not set: run hpcvmm with srun or in an sbatch script, or name the devices (--gpu BDF)\n", errb.String())
 	assert.Empty(t, out.String())
 }
-
