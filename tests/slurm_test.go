@@ -159,7 +159,9 @@ func TestSlurmPassthrough(t *testing.T) {
 //     SLURM_JOB_NICS reaches the step, its own SLURM_STEP_NICS does not):
 //     opening the VF's group fails with EPERM from the step's device
 //     cgroup, shown by a plain open(2) in the same kind of step, and hpcvmm
-//     reports that EPERM with the variable that named the group.
+//     reports that EPERM with the variable that named the group; with the
+//     VF named by its address (--vf BDF) VFIO's own open meets the same
+//     refusal, and the error names the device cgroup.
 //
 // Nothing on L1 changes: both devices stay on vfio-pci.
 func TestSlurmDeviceConstraint(t *testing.T) {
@@ -186,7 +188,9 @@ echo "job SLURM_JOB_NICS=$SLURM_JOB_NICS"
 srun --gres=gpu:1 sh -c 'echo "step SLURM_STEP_NICS=${SLURM_STEP_NICS-unset}"; if (exec 3<>%[1]s); then echo "open %[1]s: ok"; else echo "open %[1]s: failed"; fi' 2>&1
 srun --gres=gpu:1 %[2]s 2>&1
 echo "hpcvmm exit $?"
-`, group, shellArgs(vmArgs))
+srun --gres=gpu:1 %[3]s 2>&1
+echo "hpcvmm with the VF named exit $?"
+`, group, shellArgs(vmArgs), shellArgs(append(vmArgs[:len(vmArgs)-4:len(vmArgs)-4], "--gpu", "slurm", "--vf", harness.NVMeVFBDF)))
 			require.NoError(t, os.WriteFile(script, []byte(body), 0o755))
 			o := runSlurm(t, slurmTimeout, "sbatch", "--wait", "--gres=gpu:1,nic:1", "--mem=2048", "--time=20", "-o", out, script)
 			data, err := os.ReadFile(out)
@@ -201,6 +205,11 @@ echo "hpcvmm exit $?"
 			assert.Contains(t, job, want)
 			assert.NotContains(t, job, "hpcvmm exit 0")
 			env.Record(t, "message", firstLineWith(job, "(EPERM)"))
+			// The VF named by its address: VFIO's open of the group meets
+			// the same cgroup, and the error says so.
+			assert.Contains(t, job, "open "+group+": operation not permitted (this process's device cgroup denies it")
+			assert.NotContains(t, job, "hpcvmm with the VF named exit 0")
+			env.Record(t, "message_named_vf", firstLineWith(job, "device cgroup denies"))
 		})
 		assert.Equal(t, "vfio-pci", pciDriver(harness.EduBDF))
 		assert.Equal(t, "vfio-pci", pciDriver(harness.NVMeVFBDF))
