@@ -160,8 +160,8 @@ func TestSlurmPassthrough(t *testing.T) {
 //     opening the VF's group fails with EPERM from the step's device
 //     cgroup, shown by a plain open(2) in the same kind of step, and hpcvmm
 //     reports that EPERM with the variable that named the group; with the
-//     VF named by its address (--vf BDF) VFIO's own open meets the same
-//     refusal, and the error names the device cgroup.
+//     VF named by its address (--vf BDF) preflight's open of the group
+//     meets the same refusal and names the device cgroup.
 //
 // Nothing on L1 changes: both devices stay on vfio-pci.
 func TestSlurmDeviceConstraint(t *testing.T) {
@@ -205,11 +205,13 @@ echo "hpcvmm with the VF named exit $?"
 			assert.Contains(t, job, want)
 			assert.NotContains(t, job, "hpcvmm exit 0")
 			env.Record(t, "message", firstLineWith(job, "(EPERM)"))
-			// The VF named by its address: VFIO's open of the group meets
-			// the same cgroup, and the error says so.
-			assert.Contains(t, job, "open "+group+": operation not permitted (this process's device cgroup denies it")
+			// The VF named by its address: preflight's open of the group
+			// meets the same cgroup, and says so before guest RAM is
+			// reserved (neither run got that far).
+			assert.Contains(t, job, "vfio-open "+harness.NVMeVFBDF+": "+group+": this process's device cgroup does not let it open the group (EPERM)")
 			assert.NotContains(t, job, "hpcvmm with the VF named exit 0")
-			env.Record(t, "message_named_vf", firstLineWith(job, "device cgroup denies"))
+			assert.NotContains(t, job, "guest RAM ready", "a refused group is found before guest RAM is prefaulted")
+			env.Record(t, "message_named_vf", firstLineWith(job, "vfio-open"))
 		})
 		assert.Equal(t, "vfio-pci", pciDriver(harness.EduBDF))
 		assert.Equal(t, "vfio-pci", pciDriver(harness.NVMeVFBDF))
