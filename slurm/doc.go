@@ -28,7 +28,9 @@
 //   - nic: gres_nic.c sets SLURM_STEP_NICS, else SLURM_JOB_NICS, calling
 //     common_gres_set_env with use_dev_num=true, so each value is the
 //     number at the END of the device file's name ("/dev/vfio/40" is 40),
-//     i.e. the VFIO group itself; Slurm's comment: "NICs want env to match
+//     i.e. the VFIO group itself, written after the prefix "mlx4_" the
+//     plugin passes ("/dev/vfio/40" gives SLURM_STEP_NICS=mlx4_40, seen in
+//     the L1 cluster); Slurm's comment: "NICs want env to match
 //     the dev_num parsed from the file name". This is the documented,
 //     per-step mechanism, so hpcvmm uses it rather than counts such as
 //     SLURM_STEP_GRES=gpu:1,nic:1 (counts, not devices), the cgroup's
@@ -50,5 +52,7 @@
 // plugins set them). hpcvmm pins its vCPUs to those of them on the VM's
 // NUMA node (see NodeCPUs). Guest RAM defaults to the job's memory on the
 // node, SLURM_MEM_PER_NODE MiB, or SLURM_MEM_PER_CPU MiB times the step's
-// CPUs, less Headroom for hpcvmm itself (see GuestMemory).
+// CPUs, or, in a step of a bare srun (which exports neither), the job's
+// MinMemoryNode/MinMemoryCPU from `scontrol show job`, less Headroom for
+// hpcvmm itself (see GuestMemory).
 package slurm

@@ -36,7 +36,7 @@ type Device struct {
 	// in file order: what SLURM_JOB_GPUS and scontrol's IDX count.
 	Index int
 	// DevNum is the number at the end of File, -1 when File ends in no
-	// digit: what SLURM_JOB_NICS reports.
+	// digit: what SLURM_JOB_NICS reports (after NICPrefix).
 	DevNum int
 	// Line is the gres.conf line the device was declared on.
 	Line int

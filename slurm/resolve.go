@@ -37,8 +37,9 @@ type Env struct {
 	// "/dev".
 	DevDir string
 	// Scontrol returns `scontrol show job -d JOBID`; nil runs scontrol.
-	// It is used only where Slurm sets no device variable (the nic GRES
-	// in a Prolog/Epilog).
+	// It is used only where Slurm sets no variable: the nic GRES in a
+	// Prolog/Epilog, and the job's memory in a step a bare srun created
+	// (srun exports no SLURM_MEM_PER_NODE; sbatch and salloc do).
 	Scontrol func(jobID string) (string, error)
 }
 
@@ -101,24 +102,30 @@ type Selection struct {
 	Functions []host.BDF
 }
 
-// variables returns the step and job variables of a GRES and whether
-// their values are dev_num (nic) rather than indices (gpu); see the
-// package documentation.
-func variables(name string) (step, job string, devNum bool, err error) {
+// NICPrefix is what gres_nic.c puts before each number of SLURM_STEP_NICS
+// and SLURM_JOB_NICS (the prefix argument of common_gres_set_env, a
+// leftover of Open MPI's openib BTL naming): a step given /dev/vfio/13
+// sees SLURM_STEP_NICS=mlx4_13 (observed with Slurm 22.05.8).
+const NICPrefix = "mlx4_"
+
+// variables returns the step and job variables of a GRES, whether their
+// values are dev_num (nic) rather than indices (gpu), and the prefix of
+// each value; see the package documentation.
+func variables(name string) (step, job string, devNum bool, prefix string, err error) {
 	switch name {
 	case GPU:
-		return "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", false, nil
+		return "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", false, "", nil
 	case NIC:
-		return "SLURM_STEP_NICS", "SLURM_JOB_NICS", true, nil
+		return "SLURM_STEP_NICS", "SLURM_JOB_NICS", true, NICPrefix, nil
 	}
-	return "", "", false, fmt.Errorf("slurm: GRES %q: hpcvmm resolves gpu and nic (the GRES Slurm 22.05 constrains with a plugin)", name)
+	return "", "", false, "", fmt.Errorf("slurm: GRES %q: hpcvmm resolves gpu and nic (the GRES Slurm 22.05 constrains with a plugin)", name)
 }
 
 // Resolve finds the devices Slurm gave this step (or job) of GRES name,
 // their VFIO groups and the PCI functions in those groups, and checks that
 // the job may open each group. Nothing on the host changes.
 func (e *Env) Resolve(name string) (*Selection, error) {
-	stepVar, jobVar, devNum, err := variables(name)
+	stepVar, jobVar, devNum, prefix, err := variables(name)
 	if err != nil {
 		return nil, err
 	}
@@ -139,7 +146,7 @@ func (e *Env) Resolve(name string) (*Selection, error) {
 	}
 	if sel.Source != "" {
 		_, v, _ := strings.Cut(sel.Source, "=")
-		if values, err = ParseIndexList(v); err != nil {
+		if values, err = parsePrefixedList(v, prefix); err != nil {
 			return nil, fmt.Errorf("slurm: %s: %w", sel.Source, err)
 		}
 		byIndex = !devNum
@@ -211,6 +218,25 @@ func (e *Env) Resolve(name string) (*Selection, error) {
 		return nil, fmt.Errorf("slurm: %s names no device: request them with --gres=%s:N", sel.Source, name)
 	}
 	return sel, nil
+}
+
+// parsePrefixedList parses Slurm's device list of a GRES: comma-separated
+// numbers, each after prefix ("mlx4_13,mlx4_14" for nic). A value without
+// the prefix is taken as a plain number list, the form of gpu and of the
+// Prolog's scontrol indices.
+func parsePrefixedList(v, prefix string) ([]int, error) {
+	if prefix == "" || !strings.HasPrefix(v, prefix) {
+		return ParseIndexList(v)
+	}
+	items := strings.Split(v, ",")
+	for i, it := range items {
+		num, ok := strings.CutPrefix(it, prefix)
+		if !ok {
+			return nil, fmt.Errorf("%q: item %q lacks the %q every other item has", v, it, prefix)
+		}
+		items[i] = num
+	}
+	return ParseIndexList(strings.Join(items, ","))
 }
 
 func flagOf(name string) string {
@@ -323,14 +349,7 @@ func (e *Env) scontrolIndices(name string) ([]int, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	run := e.Scontrol
-	if run == nil {
-		run = func(id string) (string, error) {
-			out, err := exec.Command("scontrol", "show", "job", "-d", id).Output()
-			return string(out), err
-		}
-	}
-	out, err := run(job)
+	out, err := e.scontrol(job)
 	if err != nil {
 		return nil, "", fmt.Errorf("slurm: no SLURM_JOB_NICS here (%s), and `scontrol show job -d %s` failed: %w", e.getenv("SLURM_SCRIPT_CONTEXT"), job, err)
 	}
@@ -339,6 +358,15 @@ func (e *Env) scontrolIndices(name string) ([]int, string, error) {
 		return nil, "", fmt.Errorf("slurm: `scontrol show job -d %s`: %w", job, err)
 	}
 	return idx, fmt.Sprintf("scontrol show job -d %s: %s IDX:%s", job, name, host.FormatCPUList(idx)), nil
+}
+
+// scontrol returns `scontrol show job -d job`.
+func (e *Env) scontrol(job string) (string, error) {
+	if e.Scontrol != nil {
+		return e.Scontrol(job)
+	}
+	out, err := exec.Command("scontrol", "show", "job", "-d", job).Output()
+	return string(out), err
 }
 
 // JobGRESIndices parses `scontrol show job -d` output for the indices of

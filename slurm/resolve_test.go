@@ -71,7 +71,7 @@ func TestResolveStepDevices(t *testing.T) {
 	// and the second VF: the step variables win over the job's.
 	n.env["SLURM_JOB_GPUS"] = "0,1"
 	n.env["SLURM_STEP_GPUS"] = "1"
-	n.env["SLURM_STEP_NICS"] = "41"
+	n.env["SLURM_STEP_NICS"] = "mlx4_41"     // as gres_nic.c writes it (Slurm 22.05.8, observed in L1)
 	n.env["SLURM_STEP_GRES"] = "gpu:1,nic:1" // counts only: not what hpcvmm reads
 	gpus, err := n.Env().Resolve(GPU)
 	require.NoError(t, err)
@@ -81,8 +81,17 @@ func TestResolveStepDevices(t *testing.T) {
 
 	nics, err := n.Env().Resolve(NIC)
 	require.NoError(t, err)
+	assert.Equal(t, "SLURM_STEP_NICS=mlx4_41", nics.Source)
 	assert.Equal(t, []int{41}, nics.Groups)
 	assert.Equal(t, []host.BDF{mustBDF(t, "0000:41:00.2")}, nics.Functions)
+
+	// Both VFs, and the plain form of the list.
+	for _, v := range []string{"mlx4_40,mlx4_41", "40,41"} {
+		n.env["SLURM_STEP_NICS"] = v
+		nics, err = n.Env().Resolve(NIC)
+		require.NoError(t, err, v)
+		assert.Equal(t, []int{40, 41}, nics.Groups, v)
+	}
 
 	// The batch script: the job's variables; the bridge in group 12 stays
 	// behind, the GPU's audio function goes with it.
@@ -108,6 +117,7 @@ func TestResolveErrors(t *testing.T) {
 		{"no such gres on node", "NodeName=n2 Name=gpu File=/dev/vfio/12\nName=nic Count=2\n", map[string]string{"SLURM_STEP_NICS": "0"}, NIC, []string{"declares no Name=nic", "for node n1", "line 2 has Name=nic with Count= but no File="}},
 		{"not a vfio group", "Name=gpu File=/dev/nvidia[0-1]\n", map[string]string{"SLURM_STEP_GPUS": "1"}, GPU, []string{"SLURM_STEP_GPUS=1 gives /dev/nvidia1", "line 1", "is not a VFIO group"}},
 		{"group not on host", "Name=gpu File=/dev/vfio/77\n", map[string]string{"SLURM_STEP_GPUS": "0"}, GPU, []string{"/dev/vfio/77 does not exist", "bind them"}},
+		{"nic list mixing forms", nodeGres, map[string]string{"SLURM_STEP_NICS": "mlx4_40,41"}, NIC, []string{`SLURM_STEP_NICS=mlx4_40,41`, `item "41" lacks the "mlx4_"`}},
 		{"garbage variable", nodeGres, map[string]string{"SLURM_STEP_GPUS": "(null)"}, GPU, []string{`SLURM_STEP_GPUS=(null)`, "want numbers"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -236,4 +246,59 @@ func mustBDF(t *testing.T, s string) host.BDF {
 	b, err := host.ParseBDF(s)
 	require.NoError(t, err)
 	return b
+}
+
+func TestJobMemory(t *testing.T) {
+	// As Slurm 22.05.8 printed them in the test bed for srun --mem=2048,
+	// --mem=1536 and --mem-per-cpu=700.
+	for out, want := range map[string]struct {
+		field string
+		mib   uint64
+	}{
+		"   MinCPUsNode=1 MinMemoryNode=2G MinTmpDiskNode=0\n":    {"MinMemoryNode=2G", 2048},
+		"   MinCPUsNode=1 MinMemoryNode=1.50G MinTmpDiskNode=0\n": {"MinMemoryNode=1.50G", 1536},
+		"   MinCPUsNode=1 MinMemoryCPU=700M MinTmpDiskNode=0\n":   {"MinMemoryCPU=700M", 700},
+		"MinMemoryNode=4096": {"MinMemoryNode=4096", 4096},
+		"MinMemoryNode=1T":   {"MinMemoryNode=1T", 1 << 20},
+	} {
+		f, mib, found, err := JobMemory(out)
+		require.NoError(t, err, out)
+		assert.True(t, found, out)
+		assert.Equal(t, want.field, f)
+		assert.Equal(t, want.mib, mib, out)
+	}
+	for _, none := range []string{"MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0", "JobId=3 JobName=x"} {
+		_, _, found, err := JobMemory(none)
+		require.NoError(t, err)
+		assert.False(t, found, none)
+	}
+	for _, bad := range []string{"MinMemoryNode=2X", "MinMemoryNode=G", "MinMemoryNode=-1G", "MinMemoryNode=1e9", "MinMemoryNode=99999999999999P"} {
+		_, _, _, err := JobMemory(bad)
+		assert.Error(t, err, bad)
+	}
+}
+
+func TestGuestMemoryFromScontrol(t *testing.T) {
+	n := newSlurmNode(t, nodeGres)
+	env := n.Env()
+	env.Scontrol = func(id string) (string, error) {
+		require.Equal(t, "77", id)
+		return "JobId=77\n   MinCPUsNode=1 MinMemoryNode=2G MinTmpDiskNode=0\n", nil
+	}
+	b, src, ok, err := env.GuestMemory(1, 1<<30)
+	require.NoError(t, err)
+	assert.True(t, ok)
+	assert.Equal(t, "scontrol show job 77: MinMemoryNode=2G", src)
+	assert.Equal(t, uint64(1<<30), b, "2048 MiB less 5% and 256 MiB, in 1 GiB pages")
+
+	env.Scontrol = func(string) (string, error) { return "MinMemoryCPU=700M", nil }
+	n.env["SLURM_CPUS_ON_NODE"] = "4"
+	_, src, ok, err = env.GuestMemory(1, 4096)
+	require.NoError(t, err)
+	assert.True(t, ok)
+	assert.Equal(t, "scontrol show job 77: MinMemoryCPU=700M x 4 CPUs", src)
+
+	env.Scontrol = func(string) (string, error) { return "", errors.New("exit status 1") }
+	_, _, _, err = env.GuestMemory(1, 4096)
+	assert.ErrorContains(t, err, "neither SLURM_MEM_PER_NODE nor SLURM_MEM_PER_CPU is set and `scontrol show job -d 77` failed (exit status 1): give --memory")
 }

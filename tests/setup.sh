@@ -2,7 +2,8 @@
 # Installs the Debian packages the integration harness (tests/harness) needs:
 # QEMU for the nested L1 test bed, Debian's stock kernel (L1 and L2 kernel and
 # modules), busybox-static and nvme-cli for the initramfs images, kmod for
-# `modprobe --show-depends`, gcc for uapi's ABI conformance test.
+# `modprobe --show-depends`, gcc for uapi's ABI conformance test, Slurm and
+# munge for the loopback cluster of the Slurm scenarios.
 # Idempotent: when everything is installed it changes nothing and needs no
 # network. Runs as root (CI) or through sudo.
 set -euo pipefail
@@ -22,6 +23,7 @@ packages=(
 	make linux-headers-amd64 # builds the L2 guest's edu MSI test module (tests/guest/edumsi)
 	ca-certificates  # go module downloads over HTTPS
 	acpica-tools # iasl: acpi package's byte-exact AML vectors and table disassembly
+	slurmctld slurmd slurm-client munge # the loopback Slurm cluster packed into L1 (profile slurm)
 )
 
 missing=()

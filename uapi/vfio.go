@@ -31,8 +31,12 @@ func vfioOpen(path string) (int, error) {
 			hint = " (is the vfio-pci module loaded and the device bound to it? modprobe vfio-pci)"
 		case errors.Is(err, unix.EBUSY):
 			hint = " (another process, e.g. a second VMM, holds this VFIO group)"
-		case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM):
+		case errors.Is(err, unix.EACCES):
 			hint = " (run as root or give the user access to the node)"
+		case errors.Is(err, unix.EPERM):
+			// File modes give EACCES; EPERM on a device node is the
+			// device cgroup, which denies root as well.
+			hint = " (this process's device cgroup denies it: under Slurm with ConstrainDevices=yes the job was not given this device; request its GRES, e.g. --gres=nic:1)"
 		}
 		return -1, fmt.Errorf("vfio: open %s: %w%s", path, err, hint)
 	}

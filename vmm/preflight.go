@@ -2,8 +2,11 @@ package vmm
 
 import (
 	"fmt"
+	"path/filepath"
+	"strconv"
 	"strings"
 
+	"github.com/hpcvmm/hpcvmm/uapi"
 	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
 
@@ -33,6 +36,11 @@ func (vm *VM) preflightRequest() preflight.Request {
 		NUMANode: vm.place.node, AllowBind: vm.cfg.Passthrough.Bind,
 		FlatTopology: vm.cfg.Topology == TopologyFlat || vm.cfg.NoACPI, PortSlots: PassthroughSlots(),
 	}
+	if vm.cfg.SysfsRoot == "" || vm.cfg.SysfsRoot == "/sys" {
+		// The live host's groups are in /dev/vfio; a captured sysfs
+		// (tests) has none to open.
+		req.GroupOpen = ProbeVFIOGroup
+	}
 	if vm.pt != nil {
 		for _, sp := range vm.pt.specs {
 			if sp.VF {
@@ -43,4 +51,16 @@ func (vm *VM) preflightRequest() preflight.Request {
 		}
 	}
 	return req
+}
+
+// ProbeVFIOGroup opens /dev/vfio/<group> read-write, as the VFIO container
+// will, and closes it again: preflight's check that a device cgroup
+// (Slurm's ConstrainDevices), file modes or another process do not refuse
+// the group, made before guest RAM is reserved.
+func ProbeVFIOGroup(group int) error {
+	g, err := uapi.OpenVFIOGroupPath(filepath.Join(uapi.DevVFIODir, strconv.Itoa(group)), group)
+	if err != nil {
+		return err
+	}
+	return g.Close()
 }

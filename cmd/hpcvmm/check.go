@@ -67,8 +67,10 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	}
 	req.GPUs, req.VFs, req.PageSize = gpus, vfs, uint64(page)
 	if *sysRoot == "/sys" {
-		// The live host: read InfiniBand VFs' GUIDs over netlink.
+		// The live host: read InfiniBand VFs' GUIDs over netlink, and
+		// open the devices' VFIO groups as the VM would.
 		req.VFIdentity = ibvf.System{}.Identity
+		req.GroupOpen = vmm.ProbeVFIOGroup
 	}
 
 	h := host.New(*sysRoot, *procRoot)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -26,18 +27,21 @@ var l1Modules = []string{"kvm_amd", "vfio", "vfio_iommu_type1", "vfio-pci", "vho
 
 // Paths inside the L1 initramfs.
 const (
-	l1TestBinary   = "/hpcvmm/tests.test"
-	l1HPCVMM       = "/hpcvmm/bin/hpcvmm"
-	l1HPCVMMError  = "/hpcvmm/hpcvmm-build-error"
-	l1L2Kernel     = "/hpcvmm/l2/vmlinuz"
-	l1L2Initrd     = "/hpcvmm/l2/initrd.cpio.gz"
-	l1ModulesList  = "/hpcvmm/modules.list"
-	l1ProfilesDir  = "/hpcvmm/profiles"
-	l2ModulesList  = "/etc/hpcvmm-modules"
-	l2EduMSI       = "/lib/hpcvmm/edu_msi.ko"    // not in l2ModulesList: the scenario loads it
-	l2EduMSIError  = "/etc/hpcvmm-edu-msi-error" // why edu_msi.ko is missing
-	l2PCIPath      = "/bin/hpcvmm-pcipath"       // tests/guest/pcipath
-	busyboxInImage = "/bin/busybox"
+	l1TestBinary  = "/hpcvmm/tests.test"
+	l1HPCVMM      = "/hpcvmm/bin/hpcvmm"
+	l1HPCVMMError = "/hpcvmm/hpcvmm-build-error"
+	l1L2Kernel    = "/hpcvmm/l2/vmlinuz"
+	l1L2Initrd    = "/hpcvmm/l2/initrd.cpio.gz"
+	l1ModulesList = "/hpcvmm/modules.list"
+	// l1ProfileModulesExt names the load-order list of Profile.Modules:
+	// /hpcvmm/profiles/NAME.modules.
+	l1ProfileModulesExt = ".modules"
+	l1ProfilesDir       = "/hpcvmm/profiles"
+	l2ModulesList       = "/etc/hpcvmm-modules"
+	l2EduMSI            = "/lib/hpcvmm/edu_msi.ko"    // not in l2ModulesList: the scenario loads it
+	l2EduMSIError       = "/etc/hpcvmm-edu-msi-error" // why edu_msi.ko is missing
+	l2PCIPath           = "/bin/hpcvmm-pcipath"       // tests/guest/pcipath
+	busyboxInImage      = "/bin/busybox"
 )
 
 // ModuleRoot finds the directory holding hpcvmm's go.mod, walking up from
@@ -370,10 +374,12 @@ type l1Inputs struct {
 	l2Initrd    string
 }
 
-// buildL1Initrd assembles L1's initramfs and returns its path. It is not
-// compressed: QEMU loads it quickly and L1's kernel need not gunzip about 35 MiB
-// under software emulation.
-func buildL1Initrd(root, cache string, in l1Inputs) (path string, rebuilt bool, err error) {
+// buildL1Initrd assembles the initramfs profile p's L1 boots and returns
+// its path: l1.cpio, shared by the profiles without Files or Modules, or
+// l1-NAME.cpio with those added. It is not compressed: QEMU loads it
+// quickly and L1's kernel need not gunzip about 35 MiB under software
+// emulation.
+func buildL1Initrd(root, cache string, in l1Inputs, p Profile) (path string, rebuilt bool, err error) {
 	bb, err := findBusybox()
 	if err != nil {
 		return "", false, err
@@ -414,6 +420,31 @@ func buildL1Initrd(root, cache string, in l1Inputs) (path string, rebuilt bool, 
 		im.AddBytes(filepath.Join(l1ProfilesDir, name+".sh"), []byte(script), 0o644)
 	}
 	out := filepath.Join(cache, "l1.cpio")
+	if p.ownImage() {
+		if len(p.Modules) > 0 {
+			extra, err := ModuleDeps(in.kernel, p.Modules)
+			if err != nil {
+				return "", false, fmt.Errorf("profile %s: %w", p.Name, err)
+			}
+			// The common modules are loaded already; their files are in
+			// the image, so only the new ones are listed.
+			var fresh []string
+			for _, f := range extra {
+				if !slices.Contains(mods, f) {
+					fresh = append(fresh, f)
+				}
+			}
+			if err := addModules(im, in.kernel, fresh, filepath.Join(l1ProfilesDir, p.Name+l1ProfileModulesExt), cache); err != nil {
+				return "", false, err
+			}
+		}
+		if p.Files != nil {
+			if err := p.Files(im); err != nil {
+				return "", false, fmt.Errorf("profile %s: %w", p.Name, err)
+			}
+		}
+		out = filepath.Join(cache, "l1-"+p.Name+".cpio")
+	}
 	rebuilt, err = im.Build(out, false)
 	return out, rebuilt, err
 }

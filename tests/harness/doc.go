@@ -25,7 +25,9 @@
 // harness builds a static copy of the test binary, puts it into the L1
 // initramfs together with busybox, kernel modules, nvme-cli, hpcvmm and the
 // L2 kernel and initramfs, and boots L1 once per profile (sync.Once), running
-// the same -test.run filter inside. Result records ("hpcvmm-result ...") come
+// the same -test.run filter inside. A profile with Files or Modules (the
+// slurm profile: Slurm, munge and the bridge module) boots an image of its
+// own, l1-NAME.cpio, the common one plus those. Result records ("hpcvmm-result ...") come
 // back on L1's second serial port and are parsed on the outer side; the first
 // serial port carries the human-readable `go test -v` output.
 //

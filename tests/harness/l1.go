@@ -155,7 +155,7 @@ func bootL1(t *testing.T, p Profile, skip string) *l1Run {
 		if in.l2Initrd, err = BuildL2Initrd(root, cache, k); err != nil {
 			return err
 		}
-		l1Initrd, rebuilt, err := buildL1Initrd(root, cache, in)
+		l1Initrd, rebuilt, err := buildL1Initrd(root, cache, in, p)
 		if err != nil {
 			return err
 		}

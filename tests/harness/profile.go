@@ -46,6 +46,15 @@ type Profile struct {
 	// HostReady reports why host mode cannot run this profile's scenarios
 	// (nil: it can). Nil means the profile needs only /dev/kvm.
 	HostReady func() error
+	// Files, when set, adds what only this profile's L1 needs to its
+	// initramfs (programs, libraries, scripts): such a profile boots its
+	// own image, l1-NAME.cpio, so the other profiles' image (l1.cpio)
+	// neither grows nor is rebuilt for it.
+	Files func(im *Image) error
+	// Modules are kernel modules only this profile's L1 loads, with what
+	// they depend on, after the common ones and before Setup. Like Files,
+	// they give the profile an image of its own.
+	Modules []string
 	// Prepare, when set, runs on the outer side before L1 boots with the
 	// boot's run directory, creates the files QEMU needs there (disk
 	// images, a BAR's backing file) and returns QEMU arguments naming
@@ -80,7 +89,7 @@ var ProfileBasic = Profile{
 }
 
 // Profiles lists every profile whose setup is packed into the L1 initramfs.
-var Profiles = []Profile{ProfileBasic, ProfilePassthrough, ProfileSwitch, ProfileCores}
+var Profiles = []Profile{ProfileBasic, ProfilePassthrough, ProfileSwitch, ProfileCores, ProfileSlurm}
 
 // Validate checks that the profile can build a QEMU command line.
 func (p Profile) Validate() error {
@@ -156,6 +165,9 @@ func (p Profile) QEMUArgs(b L1Boot, runConfigB64 string) ([]string, error) {
 	}
 	return append(args, p.Devices...), nil
 }
+
+// ownImage reports whether the profile boots an initramfs of its own.
+func (p Profile) ownImage() bool { return p.Files != nil || len(p.Modules) > 0 }
 
 // profileByName finds a profile in Profiles.
 func profileByName(name string) (Profile, bool) {

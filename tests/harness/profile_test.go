@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -74,4 +75,51 @@ func TestProfilesHaveUniqueNamesAndScripts(t *testing.T) {
 func TestRunConfigQuoting(t *testing.T) {
 	cfg := runConfig(`^TestA$|it's`, "", 90*time.Second)
 	assert.Equal(t, "HPCVMM_RUN='^TestA$|it'\\''s'\nHPCVMM_SKIP=''\nHPCVMM_TIMEOUT='1m30s'\n", cfg)
+}
+
+// TestProfileSlurmSharesPassthroughDevices: the slurm profile boots the
+// passthrough profile's machine (same QEMU devices, kernel parameters and
+// device setup, not a copy that could drift) and only it has an image of
+// its own.
+func TestProfileSlurmSharesPassthroughDevices(t *testing.T) {
+	b := L1Boot{QEMU: "q", Kernel: "k", Initrd: "i", ConsolePath: "c", ResultsPath: "r"}
+	pt, err := ProfilePassthrough.QEMUArgs(b, "")
+	require.NoError(t, err)
+	sl, err := ProfileSlurm.QEMUArgs(b, "")
+	require.NoError(t, err)
+	for i := range pt {
+		pt[i] = strings.ReplaceAll(pt[i], "hpcvmm.profile=passthrough", "hpcvmm.profile=slurm")
+	}
+	assert.Equal(t, pt, sl)
+	assert.True(t, strings.HasPrefix(ProfileSlurm.Setup, passthroughSetup), "the slurm setup starts with the passthrough one")
+	assert.Contains(t, ProfileSlurm.Setup, ". "+l1SlurmCluster)
+	assert.True(t, ProfileSlurm.ownImage())
+	assert.False(t, ProfileBasic.ownImage())
+	assert.False(t, ProfilePassthrough.ownImage())
+	assert.Error(t, ProfileSlurm.HostReady(), "auto mode runs the Slurm scenarios in L1")
+}
+
+// TestAddSlurm packs the installed Debian Slurm into an image: daemons,
+// clients, munge, the plugins the cluster's slurm.conf and cgroup.conf
+// name, their libraries and the cluster script.
+func TestAddSlurm(t *testing.T) {
+	if _, err := os.Stat("/usr/sbin/slurmd"); err != nil {
+		t.Skipf("Slurm is not installed here (tests/setup.sh installs it): %v", err)
+	}
+	im := NewImage()
+	require.NoError(t, addSlurm(im))
+	for _, p := range []string{
+		"/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/slurmstepd", "/usr/sbin/munged", "/usr/bin/srun", "/usr/bin/sbatch",
+		slurmPluginDir + "/libslurmfull.so", slurmPluginDir + "/auth_munge.so", slurmPluginDir + "/proctrack_cgroup.so",
+		slurmPluginDir + "/task_cgroup.so", slurmPluginDir + "/cgroup_v1.so", slurmPluginDir + "/select_cons_tres.so",
+		slurmPluginDir + "/gres_gpu.so", slurmPluginDir + "/gres_nic.so",
+		"/lib64/ld-linux-x86-64.so.2", l1SlurmCluster,
+	} {
+		assert.True(t, im.Has(p), p)
+	}
+	var munge bool
+	for p := range im.entries {
+		munge = munge || strings.Contains(p, "libmunge.so")
+	}
+	assert.True(t, munge, "libmunge (auth_munge's library) is packed")
 }

@@ -45,6 +45,14 @@ for m in $(cat /hpcvmm/modules.list); do
 		grep -q 'File exists' /tmp/insmod.err || failed_modules="$failed_modules $(basename "$m")"
 	}
 done
+# The profile's own modules (Profile.Modules), when it has any.
+if [ -f "/hpcvmm/profiles/$PROFILE.modules" ]; then
+	for m in $(cat "/hpcvmm/profiles/$PROFILE.modules"); do
+		insmod "$m" 2>/tmp/insmod.err || {
+			grep -q 'File exists' /tmp/insmod.err || failed_modules="$failed_modules $(basename "$m")"
+		}
+	done
+fi
 [ -z "$failed_modules" ] || echo "L1 /init: modules that failed to load:$failed_modules"
 echo "L1 /init: profile $PROFILE, modules loaded, uptime $(cut -d' ' -f1 /proc/uptime) s"
 [ -c /dev/kvm ] || abort "no /dev/kvm after loading kvm_amd (does QEMU's -cpu expose svm?)"

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/bits"
 	"strings"
+	"syscall"
 
 	"github.com/hpcvmm/hpcvmm/addrspace"
 	"github.com/hpcvmm/hpcvmm/guestmem"
@@ -52,6 +53,13 @@ type Request struct {
 	// GUID would keep its link down is reported. Left nil, only sysfs is
 	// read.
 	VFIdentity func(netdev string, vf int) (ibvf.Identity, error) `json:"-"`
+	// GroupOpen, if set, opens /dev/vfio/<group> read-write and closes it,
+	// as VFIO will later (vmm.ProbeVFIOGroup), for each device already on
+	// a VFIO driver: a device cgroup (Slurm's ConstrainDevices), file
+	// modes or another VMM holding the group then fail here, before guest
+	// RAM is reserved and prefaulted, not minutes later. An fs.ErrNotExist
+	// answer (no group file here) is not reported.
+	GroupOpen func(group int) error `json:"-"`
 }
 
 func (r Request) pageSize() uint64 {
@@ -393,6 +401,30 @@ func (c *checker) group(d *host.Device) {
 		c.add("iommu-group", subj, Pass, "", "group %d, shared with %s", d.IOMMUGroup, strings.Join(others, ", "))
 	default:
 		c.add("iommu-group", subj, Pass, "", "group %d, alone", d.IOMMUGroup)
+	}
+	if c.req.GroupOpen != nil && host.IsVFIODriver(d.Driver) {
+		c.groupOpen(subj, d.IOMMUGroup)
+	}
+}
+
+// groupOpen reports whether this process may open the device's VFIO group.
+func (c *checker) groupOpen(subj string, group int) {
+	err := c.req.GroupOpen(group)
+	path := fmt.Sprintf("/dev/vfio/%d", group)
+	switch {
+	case err == nil || errors.Is(err, fs.ErrNotExist):
+		return
+	case errors.Is(err, syscall.EPERM):
+		c.add("vfio-open", subj, Fail, "under Slurm, request the device's GRES (--gres=gpu:N or --gres=nic:N); elsewhere, allow the device in this process's cgroup",
+			"%s: this process's device cgroup does not let it open the group (EPERM)", path)
+	case errors.Is(err, syscall.EACCES):
+		c.add("vfio-open", subj, Fail, fmt.Sprintf("chown $USER %s (a Slurm Prolog does it for the job's user), or run as root", path),
+			"%s is not accessible to this user (EACCES)", path)
+	case errors.Is(err, syscall.EBUSY):
+		c.add("vfio-open", subj, Fail, "stop the VM or job that uses the device, or pass another one",
+			"%s is open in another process (EBUSY)", path)
+	default:
+		c.add("vfio-open", subj, Fail, "", "open %s: %v", path, err)
 	}
 }
 

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -624,4 +627,43 @@ func TestBARSpaceBehindPorts(t *testing.T) {
 	req.FlatTopology = true
 	r = preflight.Run(h, req)
 	assert.False(t, has(r, "bar-space-ports"), "no ports with --topology flat")
+}
+
+// TestGroupOpen: a group the process may not open fails before the VM is
+// built, each errno with its own fix; no group file is not reported.
+func TestGroupOpen(t *testing.T) {
+	_, h := goodHost(t)
+	for _, tc := range []struct {
+		err        error
+		fail       bool
+		detail     string
+		fixContain string
+	}{
+		{nil, false, "", ""},
+		{fmt.Errorf("vfio: open /dev/vfio/31: %w", fs.ErrNotExist), false, "", ""},
+		{fmt.Errorf("vfio: open /dev/vfio/31: %w", syscall.EPERM), true, "/dev/vfio/31: this process's device cgroup does not let it open the group (EPERM)", "--gres=nic:N"},
+		{syscall.EACCES, true, "/dev/vfio/31 is not accessible to this user (EACCES)", "chown $USER /dev/vfio/31"},
+		{syscall.EBUSY, true, "/dev/vfio/31 is open in another process (EBUSY)", "stop the VM or job"},
+	} {
+		req := goodRequest()
+		var asked []int
+		req.GroupOpen = func(g int) error {
+			asked = append(asked, g)
+			if g == 31 { // the VF's group
+				return tc.err
+			}
+			return nil
+		}
+		r := preflight.Run(h, req)
+		assert.ElementsMatch(t, []int{40, 31}, asked, "both devices are on vfio-pci")
+		if !tc.fail {
+			assert.False(t, has(r, "vfio-open"), "%v: %+v", tc.err, r.Results)
+			continue
+		}
+		x := find(t, r, "vfio-open", vf)
+		assert.Equal(t, preflight.Fail, x.Status)
+		assert.Equal(t, tc.detail, x.Detail)
+		assert.Contains(t, x.Fix, tc.fixContain)
+		assert.False(t, r.OK())
+	}
 }

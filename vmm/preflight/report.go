@@ -5,7 +5,9 @@
 // check returns pass, warn or fail and, for a problem, the exact command or
 // sysfs write that fixes it. All host facts come from package host, so the
 // checks run unchanged against the live host, the real-host capture and
-// synthetic trees.
+// synthetic trees; what needs a device opened (KVM's capabilities, a VFIO
+// group the process may be refused: Request.KVMCheck, Request.GroupOpen)
+// is plugged in by the caller on the live host.
 package preflight
 
 import (
