@@ -151,6 +151,9 @@ func TestNewUnwindsEveryPartialSetup(t *testing.T) {
 
 	cfg := DefaultConfig()
 	cfg.Kernel = synthKernel(t)
+	// The synthetic bzImage's payload is not a compressed kernel: boot it
+	// as a boot loader would (host decompression: vmm/kernel_test.go).
+	cfg.KernelDecompress = DecompressGuest
 	cfg.Cmdline = "console=ttyS0"
 	cfg.CPUs = 2
 	cfg.Memory = 64 << 20

@@ -186,7 +186,7 @@ func TestHelp(t *testing.T) {
 func TestRunHelpGroups(t *testing.T) {
 	_, out, _ := hpcvmm("run", "--help")
 	groups := map[string][]string{
-		"Guest":               {"kernel", "initrd", "cmdline", "cpus", "memory", "hugepages", "acpi"},
+		"Guest":               {"kernel", "kernel-decompress", "kernel-cache", "kernel-cache-size", "initrd", "cmdline", "cpus", "memory", "hugepages", "acpi"},
 		"Placement":           {"numa-node", "cpu-list", "allow-cross-numa", "topology"},
 		"Devices":             {"gpu", "vf", "bind", "p2p", "net", "nccl-topo"},
 		"Console and logging": {"console", "log-level", "shutdown-timeout", "seccomp"},
