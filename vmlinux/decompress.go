@@ -18,6 +18,9 @@
 //     zstd decoder (the standard library has none).
 //   - lz4: github.com/pierrec/lz4/v4, which reads the legacy LZ4 frame the
 //     kernel's "lz4 -l" writes (already in the module graph through u-root).
+//     That frame has no checksum: a corrupt lz4 kernel is caught only when
+//     the result is not an ELF of the declared size, as in the guest's own
+//     decompressor. xz (CRC32), zstd, gzip and bzip2 check their data.
 //   - gzip and bzip2: the standard library's compress/gzip and
 //     compress/bzip2; a kernel is decompressed once per cache miss, so a
 //     faster third-party gzip would not pay for the dependency.
@@ -105,6 +108,10 @@ func Decompress(k *boot.Kernel) ([]byte, Format, error) {
 		n := min(len(c), 6)
 		return nil, "", fmt.Errorf("vmlinux: unknown compression of the bzImage's payload (starts % x): boot it with --kernel-decompress=guest", c[:n])
 	}
+	switch format {
+	case FormatLZMA, FormatLZO:
+		return nil, format, fmt.Errorf("vmlinux: the bzImage's payload is %s-compressed, which hpcvmm does not decompress: boot it with --kernel-decompress=guest", format)
+	}
 	if len(c) < 8 {
 		return nil, format, fmt.Errorf("vmlinux: %s payload of %d bytes is too short: the bzImage is corrupt", format, len(c))
 	}
@@ -147,23 +154,29 @@ func Decompress(k *boot.Kernel) ([]byte, Format, error) {
 	if closeFn != nil {
 		defer closeFn()
 	}
-	out := make([]byte, size)
-	if _, err := io.ReadFull(r, out); err != nil {
-		return nil, format, fmt.Errorf("vmlinux: %s payload: decompressing %d bytes: %w: the bzImage is corrupt", format, size, noEOF(err))
+	// The buffer grows with what the stream yields rather than trusting the
+	// size field for a up-front allocation: a corrupt field costs no more
+	// memory than the data behind it (kernels compress about 8:1).
+	buf := bytes.NewBuffer(make([]byte, 0, min(size, uint64(len(c))*16)))
+	// One byte past the declared size tells a stream longer than declared.
+	if _, err := buf.ReadFrom(io.LimitReader(r, int64(size)+1)); err != nil {
+		return nil, format, fmt.Errorf("vmlinux: %s payload: %w: the bzImage is corrupt", format, err)
 	}
-	// The stream must end where the size field says: one more byte means
-	// the field and the data disagree.
-	var extra [1]byte
-	if n, err := io.ReadFull(r, extra[:]); n != 0 || !errors.Is(err, io.EOF) {
-		if err == nil || errors.Is(err, io.ErrUnexpectedEOF) {
-			err = errors.New("more data than the declared size")
-		}
-		return nil, format, fmt.Errorf("vmlinux: %s payload: after %d bytes: %w: the bzImage is corrupt", format, size, err)
+	out := buf.Bytes()
+	if uint64(len(out)) != size {
+		return nil, format, fmt.Errorf("vmlinux: %s payload decompressed to %s bytes, its size field says %d: the bzImage is corrupt", format, lenString(len(out), size), size)
 	}
 	if !boot.IsELF(out) {
 		return nil, format, fmt.Errorf("vmlinux: the %s payload decompressed to %d bytes that are not an ELF file: boot it with --kernel-decompress=guest", format, size)
 	}
 	return out, format, nil
+}
+
+func lenString(n int, size uint64) string {
+	if uint64(n) > size {
+		return fmt.Sprintf("more than %d", size)
+	}
+	return fmt.Sprint(n)
 }
 
 // noEOF turns a premature io.EOF into io.ErrUnexpectedEOF, which says what
