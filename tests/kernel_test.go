@@ -5,6 +5,7 @@ package tests
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"syscall"
 	"testing"
@@ -58,6 +59,12 @@ func TestKernelDecompress(t *testing.T) {
 			assert.Equal(t, token, g["cmdline_token"], "the guest's /proc/cmdline")
 			env.Record(t, "guest_uptime_at_init", g["uptime"])
 			env.Record(t, "kernel_text", g["kernel_text"])
+			// Where the time before the guest's clock went, from hpcvmm's
+			// own log: the kernel step (cache read and SHA-256 check, or
+			// decompression), guest RAM, and process start to KVM_RUN.
+			for _, m := range logSteps.FindAllStringSubmatch(vm.Log(), -1) {
+				env.Record(t, m[1], m[2])
+			}
 			return g, vm.Log()
 		}
 
@@ -100,6 +107,9 @@ func TestKernelDecompress(t *testing.T) {
 		})
 	})
 }
+
+// logSteps picks the step durations out of hpcvmm's log lines.
+var logSteps = regexp.MustCompile(`\b(elapsed|setup|prefault|since_start)=([0-9.]+[mµn]?s)\b`)
 
 // checkCacheFile checks the cache directory and entry from the host side:
 // root's, not writable by others, and the file's content is the vmlinux

@@ -75,7 +75,9 @@ func (vm *VM) openKernel() (*kernelImage, error) {
 	if err != nil {
 		return nil, fieldErr("KernelCache", "%v", err)
 	}
-	go ki.prepare(vm, cache, bz, vmlinux.KeyOf(image))
+	t0 := time.Now()
+	key := vmlinux.KeyOf(image)
+	go ki.prepare(vm, cache, bz, key, time.Since(t0))
 	return ki, nil
 }
 
@@ -83,12 +85,14 @@ func (vm *VM) openKernel() (*kernelImage, error) {
 // caches it, and parses it for Load. A cache entry that fails its checks
 // is logged and replaced; a cache that cannot be written only costs the
 // next launch a decompression.
-func (ki *kernelImage) prepare(vm *VM, cache *vmlinux.Cache, bz *boot.Kernel, key vmlinux.Key) {
+func (ki *kernelImage) prepare(vm *VM, cache *vmlinux.Cache, bz *boot.Kernel, key vmlinux.Key, keyTime time.Duration) {
 	defer close(ki.done)
 	start := time.Now()
+	vm.log.Debug("kernel cache key", "sha256_of_bzimage", key.String(), "bzimage_hashed_in", keyTime.Round(time.Millisecond))
 	path := cache.Path(key)
 	data, err := cache.Get(key)
 	hit := err == nil
+	lookup := time.Since(start)
 	var format vmlinux.Format
 	if !hit {
 		if err != vmlinux.ErrMiss {
@@ -111,7 +115,8 @@ func (ki *kernelImage) prepare(vm *VM, cache *vmlinux.Cache, bz *boot.Kernel, ke
 	k.ELF = v
 	ki.boot = &k
 	attrs := []any{"path", vm.cfg.Kernel, "version", bz.Version, "decompress", "host", "cache", path,
-		"entry", fmt.Sprintf("%#x", v.Entry), "vmlinux_bytes", len(data), "elapsed", time.Since(start).Round(time.Millisecond)}
+		"entry", fmt.Sprintf("%#x", v.Entry), "vmlinux_bytes", len(data), "elapsed", time.Since(start).Round(time.Millisecond),
+		"cache_read", lookup.Round(time.Millisecond)}
 	if hit {
 		attrs = append(attrs, "cache_hit", true, "sha256_verified", true)
 	} else {
