@@ -1,7 +1,8 @@
 // Package boot implements the Linux x86-64 boot protocol for direct kernel
 // boot, without firmware, as pure data manipulation.
 //
-// It parses a bzImage's setup header (ParseBzImage), lays the kernel, initrd,
+// It parses a bzImage's setup header (ParseBzImage) or a decompressed
+// kernel's ELF program headers (ParseVmlinux), lays the kernel, initrd,
 // command line, zero page (struct boot_params with the e820 table), identity
 // page tables, GDT and Intel MP table out in guest memory (Load), and returns
 // the bootstrap processor's initial register state as plain values

@@ -39,6 +39,12 @@ type LoadSegment struct {
 // jumps into the kernel it unpacked (and the way Firecracker and Cloud
 // Hypervisor boot a vmlinux). A kernel entered this way is not relocated by a
 // decompressor, so in-guest KASLR does not happen.
+//
+// Debian's vmlinux also carries a PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY,
+// CONFIG_PVH=y), the 32-bit entry Cloud Hypervisor prefers. The 64-bit
+// entry is used instead because it takes the very zero page the bzImage
+// path already builds (setup header, e820, initrd, command line, RSDP) and
+// works for kernels built without CONFIG_PVH.
 type Vmlinux struct {
 	// Entry is the physical address of startup_64 (e_entry).
 	Entry uint64
