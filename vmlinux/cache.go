@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -139,13 +138,36 @@ func checkInfo(path string, fi fs.FileInfo, dir bool) error {
 	return nil
 }
 
+// Entry is a cache entry mapped into memory: the vmlinux is read straight
+// from the page cache into guest RAM, without a copy on hpcvmm's heap that
+// would stay in its resident memory until the garbage collector returns it.
+// The file is replaced only by rename, never rewritten in place, so the
+// mapping stays valid while another launch updates the cache.
+type Entry struct {
+	mapping []byte
+	body    []byte
+}
+
+// Bytes is the vmlinux; valid until Close.
+func (e *Entry) Bytes() []byte { return e.body }
+
+// Close unmaps the entry.
+func (e *Entry) Close() error {
+	if e.mapping == nil {
+		return nil
+	}
+	err := unix.Munmap(e.mapping)
+	e.mapping, e.body = nil, nil
+	return err
+}
+
 // Get returns the vmlinux cached for key after checking the file (a
 // regular file owned by root or the caller, not writable by others), its
 // header and the SHA-256 of its content. It returns ErrMiss when there is
 // no entry; any other error means the entry is unusable (and Put will
 // replace it). A hit refreshes the file's modification time, which
-// eviction orders by.
-func (c *Cache) Get(key Key) ([]byte, error) {
+// eviction orders by. Close the entry when its bytes are no longer needed.
+func (c *Cache) Get(key Key) (*Entry, error) {
 	path := c.Path(key)
 	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -165,17 +187,21 @@ func (c *Cache) Get(key Key) ([]byte, error) {
 	if fi.Size() > MaxSize+maxHeaderBytes {
 		return nil, fmt.Errorf("vmlinux: kernel cache file %s is %d bytes, more than a kernel (%d): remove it", path, fi.Size(), MaxSize+maxHeaderBytes)
 	}
-	buf := make([]byte, fi.Size())
-	if _, err := io.ReadFull(f, buf); err != nil {
-		return nil, fmt.Errorf("vmlinux: kernel cache file %s: %w", path, noEOF(err))
+	if fi.Size() == 0 {
+		return nil, fmt.Errorf("vmlinux: kernel cache file %s is empty: remove it", path)
 	}
-	body, err := verify(buf)
+	buf, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
+		return nil, fmt.Errorf("vmlinux: kernel cache file %s: mmap: %w", path, err)
+	}
+	e := &Entry{mapping: buf}
+	if e.body, err = verify(buf); err != nil {
+		_ = e.Close()
 		return nil, fmt.Errorf("vmlinux: kernel cache file %s: %w", path, err)
 	}
 	now := time.Now()
 	_ = os.Chtimes(path, now, now) // LRU order only; a read-only cache still serves
-	return body, nil
+	return e, nil
 }
 
 // Verify checks a cache file's header and the SHA-256 of its content and

@@ -37,9 +37,12 @@ func TestCacheRoundTrip(t *testing.T) {
 
 	elf := fixture(t, "vmlinux.elf")
 	require.NoError(t, c.Put(key, elf))
-	got, err := c.Get(key)
+	e, err := c.Get(key)
 	require.NoError(t, err)
-	assert.True(t, bytes.Equal(elf, got))
+	assert.True(t, bytes.Equal(elf, e.Bytes()))
+	require.NoError(t, e.Close())
+	require.NoError(t, e.Close(), "Close twice is harmless")
+	assert.Nil(t, e.Bytes())
 
 	fi, err = os.Stat(c.Path(key))
 	require.NoError(t, err)
@@ -55,10 +58,15 @@ func TestCacheRoundTrip(t *testing.T) {
 	assert.Len(t, key.String(), 64)
 
 	// Put over an existing entry replaces it whole.
-	require.NoError(t, c.Put(key, elf[:4096]))
-	got, err = c.Get(key)
+	held, err := c.Get(key) // mapped by a launch while another replaces it
 	require.NoError(t, err)
-	assert.Equal(t, elf[:4096], got)
+	require.NoError(t, c.Put(key, elf[:4096]))
+	e, err = c.Get(key)
+	require.NoError(t, err)
+	assert.Equal(t, elf[:4096], e.Bytes())
+	assert.True(t, bytes.Equal(elf, held.Bytes()), "a mapping taken before the replacement keeps the old kernel whole")
+	require.NoError(t, e.Close())
+	require.NoError(t, held.Close())
 	leftovers, _ := filepath.Glob(filepath.Join(c.Dir(), ".tmp-*"))
 	assert.Empty(t, leftovers, "no temporary files after Put")
 }
@@ -82,6 +90,7 @@ func TestCacheDetectsDamage(t *testing.T) {
 			b := readWritable(t, path)
 			writeBack(t, path, b[:len(b)-1])
 		}},
+		{"empty", "is empty", func(t *testing.T, path string) { writeBack(t, path, nil) }},
 		{"no header", "no hpcvmm-vmlinux v1 header", func(t *testing.T, path string) { writeBack(t, path, elf) }},
 		{"hash replaced", "does not match", func(t *testing.T, path string) {
 			b := readWritable(t, path)
@@ -112,9 +121,10 @@ func TestCacheDetectsDamage(t *testing.T) {
 				return // rename cannot replace a directory: the user removes it
 			}
 			require.NoError(t, cache.Put(key, elf), "Put replaces a damaged entry")
-			got, err := cache.Get(key)
+			e, err := cache.Get(key)
 			require.NoError(t, err)
-			assert.True(t, bytes.Equal(elf, got))
+			assert.True(t, bytes.Equal(elf, e.Bytes()))
+			require.NoError(t, e.Close())
 		})
 	}
 }
@@ -192,8 +202,9 @@ func TestCacheEvictsLeastRecentlyUsed(t *testing.T) {
 		at := base.Add(time.Duration(i) * time.Minute)
 		require.NoError(t, os.Chtimes(c.Path(k), at, at))
 	}
-	_, err := c.Get(keys[0]) // used now: the newest
+	e, err := c.Get(keys[0]) // used now: the newest
 	require.NoError(t, err)
+	require.NoError(t, e.Close())
 	stale := filepath.Join(c.Dir(), ".tmp-stale")
 	fresh := filepath.Join(c.Dir(), ".tmp-fresh")
 	require.NoError(t, os.WriteFile(stale, []byte("x"), 0o600))
@@ -236,15 +247,18 @@ func TestCacheConcurrentLaunches(t *testing.T) {
 				return
 			}
 			for range 20 {
-				got, err := c.Get(key)
+				e, err := c.Get(key)
 				switch {
 				case errors.Is(err, ErrMiss):
 				case err != nil:
 					errs <- err
 					return
-				case !bytes.Equal(got, elf):
+				case !bytes.Equal(e.Bytes(), elf):
 					errs <- errors.New("Get returned a partial or wrong kernel")
 					return
+				}
+				if e != nil {
+					_ = e.Close()
 				}
 			}
 		}()

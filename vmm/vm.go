@@ -138,7 +138,7 @@ func New(cfg Config) (_ *VM, err error) {
 	if err != nil {
 		return nil, err
 	}
-	defer ki.wait() // no return leaves the decompression running
+	defer ki.release() // the mapped or decompressed vmlinux, once it is in guest RAM
 	var initrd []byte
 	if cfg.Initrd != "" {
 		if initrd, err = os.ReadFile(cfg.Initrd); err != nil {

@@ -125,8 +125,8 @@ func primeKernelCache(kernel string) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	if _, err := c.Get(vmlinux.KeyOf(img)); err == nil {
-		return time.Since(t0), nil
+	if e, err := c.Get(vmlinux.KeyOf(img)); err == nil {
+		return time.Since(t0), e.Close()
 	}
 	elf, _, err := vmlinux.Decompress(k)
 	if err != nil {
