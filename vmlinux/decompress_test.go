@@ -190,3 +190,46 @@ func gzipOf(t *testing.T, b []byte) []byte {
 	require.NoError(t, w.Close())
 	return buf.Bytes()
 }
+
+// BenchmarkStockKernel times, on this machine's distribution kernel, what
+// a launch pays for its kernel: decompression on a cache miss, and on a
+// hit the mapped read with its SHA-256 check.
+func BenchmarkStockKernel(b *testing.B) {
+	paths, _ := filepath.Glob("/boot/vmlinuz-*")
+	if len(paths) == 0 {
+		b.Skip("no /boot/vmlinuz-*")
+	}
+	img, err := os.ReadFile(paths[0])
+	require.NoError(b, err)
+	k := parse(b, img)
+	out, _, err := Decompress(k)
+	require.NoError(b, err)
+	b.Run("miss-decompress", func(b *testing.B) {
+		b.SetBytes(int64(len(out)))
+		for b.Loop() {
+			if _, _, err := Decompress(k); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	c, err := OpenCache(filepath.Join(b.TempDir(), "kernels"), 0)
+	require.NoError(b, err)
+	key := KeyOf(img)
+	require.NoError(b, c.Put(key, out))
+	b.Run("hit-map-and-verify", func(b *testing.B) {
+		b.SetBytes(int64(len(out)))
+		for b.Loop() {
+			e, err := c.Get(key)
+			if err != nil {
+				b.Fatal(err)
+			}
+			_ = e.Close()
+		}
+	})
+	b.Run("key-sha256-of-bzimage", func(b *testing.B) {
+		b.SetBytes(int64(len(img)))
+		for b.Loop() {
+			_ = KeyOf(img)
+		}
+	})
+}

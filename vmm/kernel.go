@@ -81,20 +81,20 @@ func (vm *VM) openKernel() (*kernelImage, error) {
 	if err != nil {
 		return nil, fieldErr("KernelCache", "%v", err)
 	}
-	t0 := time.Now()
-	key := vmlinux.KeyOf(image)
-	go ki.prepare(vm, cache, bz, key, time.Since(t0))
+	go ki.prepare(vm, cache, bz, image)
 	return ki, nil
 }
 
-// prepare finds the vmlinux for bz in the cache, or decompresses and
+// prepare finds the vmlinux for bz (parsed from image) in the cache, or decompresses and
 // caches it, and parses it for Load. A cache entry that fails its checks
 // is logged and replaced; a cache that cannot be written only costs the
 // next launch a decompression.
-func (ki *kernelImage) prepare(vm *VM, cache *vmlinux.Cache, bz *boot.Kernel, key vmlinux.Key, keyTime time.Duration) {
+func (ki *kernelImage) prepare(vm *VM, cache *vmlinux.Cache, bz *boot.Kernel, image []byte) {
 	defer close(ki.done)
 	start := time.Now()
-	vm.log.Debug("kernel cache key", "sha256_of_bzimage", key.String(), "bzimage_hashed_in", keyTime.Round(time.Millisecond))
+	// The key's SHA-256 of the bzImage runs here too, off New's path.
+	key := vmlinux.KeyOf(image)
+	vm.log.Debug("kernel cache key", "sha256_of_bzimage", key.String(), "hashed_in", time.Since(start).Round(time.Millisecond))
 	path := cache.Path(key)
 	var data []byte
 	e, err := cache.Get(key)
