@@ -178,12 +178,3 @@ func lenString(n int, size uint64) string {
 	}
 	return fmt.Sprint(n)
 }
-
-// noEOF turns a premature io.EOF into io.ErrUnexpectedEOF, which says what
-// happened: the stream ended before the declared size.
-func noEOF(err error) error {
-	if errors.Is(err, io.EOF) {
-		return io.ErrUnexpectedEOF
-	}
-	return err
-}
