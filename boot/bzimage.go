@@ -1,7 +1,8 @@
 // Package boot implements the Linux x86-64 boot protocol for direct kernel
 // boot, without firmware, as pure data manipulation.
 //
-// It parses a bzImage's setup header (ParseBzImage), lays the kernel, initrd,
+// It parses a bzImage's setup header (ParseBzImage) or a decompressed
+// kernel's ELF program headers (ParseVmlinux), lays the kernel, initrd,
 // command line, zero page (struct boot_params with the e820 table), identity
 // page tables, GDT and Intel MP table out in guest memory (Load), and returns
 // the bootstrap processor's initial register state as plain values
@@ -53,6 +54,8 @@ const (
 	hdrRelocatableKernel = 0x234 // u8, 2.05+
 	hdrXLoadFlags        = 0x236 // u16, 2.12+
 	hdrCmdlineSize       = 0x238 // u32, 2.06+
+	hdrPayloadOffset     = 0x248 // u32, 2.08+: compressed payload, from the protected-mode code's start
+	hdrPayloadLength     = 0x24c // u32, 2.08+
 	hdrPrefAddress       = 0x258 // u64, 2.10+
 	hdrInitSize          = 0x260 // u32, 2.10+
 	hdrHandoverOffset    = 0x264 // u32, 2.11+ (first field past what we read)
@@ -109,6 +112,16 @@ type Kernel struct {
 	// Version is the kernel version string (uname -r first, then the build
 	// banner), empty when the image carries none.
 	Version string
+	// Compressed is the compressed vmlinux inside Payload (payload_offset
+	// and payload_length, protocol 2.08+): what the bzImage's decompressor
+	// unpacks. Nil when the header does not locate it. It aliases the image.
+	Compressed []byte
+	// ELF, when set, is the decompressed kernel: Load then places its
+	// segments at their physical addresses and enters it at its ELF entry
+	// point, skipping the bzImage's own decompressor (and with it in-guest
+	// KASLR); Payload is not loaded. Set it to a ParseVmlinux result of the
+	// kernel decompressed on the host, or use KernelFromVmlinux.
+	ELF *Vmlinux
 }
 
 // ParseBzImage parses a Linux bzImage and checks that it can be booted
@@ -120,8 +133,8 @@ func ParseBzImage(image []byte) (*Kernel, error) {
 	}
 	if !bytes.Equal(image[hdrHeader:hdrHeader+4], hdrSMagic) {
 		what := "no \"HdrS\" magic at offset 0x202"
-		if bytes.HasPrefix(image, []byte("\x7fELF")) {
-			what += "; this is an ELF file, probably an uncompressed vmlinux"
+		if IsELF(image) {
+			what += "; this is an ELF file, probably an uncompressed vmlinux: parse it with ParseVmlinux"
 		}
 		return nil, fmt.Errorf("boot: parse bzImage: not a bzImage (%s): pass a Linux bzImage such as /boot/vmlinuz-*", what)
 	}
@@ -170,6 +183,12 @@ func ParseBzImage(image []byte) (*Kernel, error) {
 		return nil, fmt.Errorf("boot: parse bzImage: relocatable kernel has kernel_alignment 0x%x, which is not a power of two: the image is corrupt", k.KernelAlignment)
 	}
 	k.Version = versionString(image, payloadOff)
+	if k.Protocol >= 0x0208 {
+		off, n := uint64(le.Uint32(image[hdrPayloadOffset:])), uint64(le.Uint32(image[hdrPayloadLength:]))
+		if n > 0 && off+n <= uint64(len(k.Payload)) {
+			k.Compressed = k.Payload[off : off+n : off+n]
+		}
+	}
 	return k, nil
 }
 

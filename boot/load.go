@@ -171,7 +171,7 @@ func Load(mem Memory, p Params) (CPUState, error) {
 	if k == nil {
 		return CPUState{}, fmt.Errorf("boot: load: no kernel: parse one with ParseBzImage")
 	}
-	if len(k.Payload) == 0 {
+	if len(k.Payload) == 0 && k.ELF == nil {
 		return CPUState{}, fmt.Errorf("boot: load: kernel payload is empty")
 	}
 	if len(k.Header) < hdrHandoverOffset-bpHdr || bpHdr+len(k.Header) > bpHdrAreaEnd {
@@ -203,7 +203,11 @@ func Load(mem Memory, p Params) (CPUState, error) {
 	}
 
 	// All checks passed: write.
-	if err := writeGuest(mem, loadAddr, k.Payload, "kernel"); err != nil {
+	if k.ELF != nil {
+		if err := writeVmlinux(mem, k.ELF); err != nil {
+			return CPUState{}, err
+		}
+	} else if err := writeGuest(mem, loadAddr, k.Payload, "kernel"); err != nil {
 		return CPUState{}, err
 	}
 	if len(p.Initrd) > 0 {
@@ -240,7 +244,11 @@ func Load(mem Memory, p Params) (CPUState, error) {
 	} else if err := WriteMPTableWithOptions(mem, MPTableAddr, p.CPUs, p.MP); err != nil {
 		return CPUState{}, err
 	}
-	return cpuState(loadAddr), nil
+	st := cpuState(loadAddr)
+	if k.ELF != nil {
+		st.RIP = k.ELF.Entry
+	}
+	return st, nil
 }
 
 // Check runs Load's placement checks (kernel, initrd, command line, memory
@@ -270,8 +278,17 @@ func Check(p Params, initrdSize uint64) error {
 }
 
 // placeKernel picks the load address and returns it with the end of the
-// memory the kernel may touch before it reads the e820 map.
+// memory the kernel may touch before it reads the e820 map. A vmlinux
+// (k.ELF) goes where it was linked: no decompressor runs, so its own
+// segments are all it occupies.
 func placeKernel(k *Kernel, lowEnd uint64) (load, end uint64, err error) {
+	if v := k.ELF; v != nil {
+		if v.Start < HighMemStart || v.End > lowEnd || v.Start > v.End {
+			return 0, 0, fmt.Errorf("boot: load: vmlinux occupies [0x%x, 0x%x) (%d MiB) but low RAM is [0x%x, 0x%x) (%d MiB): give the VM more --memory",
+				v.Start, v.End, (v.End+mib-1)/mib, uint64(HighMemStart), lowEnd, lowEnd/mib)
+		}
+		return v.Start, v.End, nil
+	}
 	align := uint64(k.KernelAlignment)
 	if align == 0 {
 		align = defaultAlign

@@ -36,8 +36,21 @@ const (
 // fields, call Validate (New calls it too), then New.
 type Config struct {
 	// Kernel is the path of a bzImage (boot protocol 2.06 or later with a
-	// 64-bit entry point), e.g. Debian's /boot/vmlinuz-*.
+	// 64-bit entry point), e.g. Debian's /boot/vmlinuz-*, or of an
+	// uncompressed x86-64 vmlinux ELF.
 	Kernel string
+	// KernelDecompress is where a bzImage's kernel is unpacked:
+	// DecompressHost (the default when empty: once, cached, no in-guest
+	// KASLR) or DecompressGuest (the bzImage's own decompressor).
+	KernelDecompress KernelDecompress
+	// KernelCache is the directory of decompressed kernels
+	// (vmlinux.DefaultCacheDir when empty); it must not be writable by
+	// group or others.
+	KernelCache string
+	// KernelCacheMax bounds the kernel cache's size in bytes
+	// (vmlinux.DefaultCacheMax when zero); the least recently used
+	// kernels go first.
+	KernelCacheMax int64
 	// Initrd is the path of an initramfs; empty for none.
 	Initrd string
 	// Cmdline is the kernel command line.
@@ -157,9 +170,17 @@ func fieldErr(field, format string, args ...any) error {
 func (c *Config) Validate() error {
 	var errs []error
 	if c.Kernel == "" {
-		errs = append(errs, fieldErr("Kernel", "no kernel given: pass --kernel with a bzImage such as /boot/vmlinuz-$(uname -r)"))
+		errs = append(errs, fieldErr("Kernel", "no kernel given: pass --kernel with a bzImage such as /boot/vmlinuz-$(uname -r), or a vmlinux"))
 	} else if err := checkReadableFile(c.Kernel); err != nil {
 		errs = append(errs, fieldErr("Kernel", "%v", err))
+	}
+	switch c.KernelDecompress {
+	case "", DecompressHost, DecompressGuest:
+	default:
+		errs = append(errs, fieldErr("KernelDecompress", "%q: want host or guest", c.KernelDecompress))
+	}
+	if c.KernelCacheMax < 0 {
+		errs = append(errs, fieldErr("KernelCacheMax", "%d bytes: want a positive size", c.KernelCacheMax))
 	}
 	if c.Initrd != "" {
 		if err := checkReadableFile(c.Initrd); err != nil {

@@ -81,7 +81,9 @@ func snapshotResources() (hostResources, error) {
 const unwindTAP = "hpuw"
 
 // synthKernel writes a minimal bzImage (64-bit boot protocol 2.15, the same
-// shape boot's tests use) that New parses and loads; it never runs.
+// shape boot's tests use) that New parses and loads; it never runs. Its
+// compressed payload (payload_offset/payload_length) is the xz fixture of
+// package vmlinux, a small ELF, so host decompression works on it too.
 func synthKernel(t *testing.T) string {
 	le := binary.LittleEndian
 	const setupSects = 4
@@ -100,6 +102,14 @@ func synthKernel(t *testing.T) string {
 	le.PutUint32(img[0x238:], 0x7ff)
 	le.PutUint64(img[0x258:], 0x1000000)
 	le.PutUint32(img[0x260:], 4<<20)
+	payload, err := os.ReadFile("../vmlinux/testdata/payload.xz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const payloadOffset = 0x80
+	le.PutUint32(img[0x248:], payloadOffset)
+	le.PutUint32(img[0x24c:], uint32(len(payload)))
+	copy(img[(setupSects+1)*512+payloadOffset:], payload)
 	p := filepath.Join(t.TempDir(), "bzImage")
 	if err := os.WriteFile(p, img, 0o644); err != nil {
 		t.Fatal(err)
@@ -151,6 +161,9 @@ func TestNewUnwindsEveryPartialSetup(t *testing.T) {
 
 	cfg := DefaultConfig()
 	cfg.Kernel = synthKernel(t)
+	// Host decompression (the default): its goroutine and cache files
+	// are part of what each partial setup must give back.
+	cfg.KernelCache = filepath.Join(t.TempDir(), "kernels")
 	cfg.Cmdline = "console=ttyS0"
 	cfg.CPUs = 2
 	cfg.Memory = 64 << 20

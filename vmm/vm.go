@@ -132,14 +132,13 @@ func New(cfg Config) (_ *VM, err error) {
 		}
 	}()
 
-	kernelImage, err := os.ReadFile(cfg.Kernel)
+	// On a kernel-cache miss the decompression runs from here on,
+	// alongside guest RAM's prefault; Load waits for it.
+	ki, err := vm.openKernel()
 	if err != nil {
-		return nil, fieldErr("Kernel", "%v", err)
+		return nil, err
 	}
-	kernel, err := boot.ParseBzImage(kernelImage)
-	if err != nil {
-		return nil, fieldErr("Kernel", "%s: %v", cfg.Kernel, err)
-	}
+	defer ki.release() // the mapped or decompressed vmlinux, once it is in guest RAM
 	var initrd []byte
 	if cfg.Initrd != "" {
 		if initrd, err = os.ReadFile(cfg.Initrd); err != nil {
@@ -154,7 +153,7 @@ func New(cfg Config) (_ *VM, err error) {
 	if !cfg.NoACPI {
 		acpiCheck = &boot.ACPI{RSDPAddr: boot.ACPIAreaStart} // the tables themselves come once the devices exist
 	}
-	if err := boot.Check(boot.Params{Kernel: kernel, Cmdline: cfg.Cmdline, RAM: ram, CPUs: cfg.CPUs, MP: vm.mpOptions(), ACPI: acpiCheck}, uint64(len(initrd))); err != nil {
+	if err := boot.Check(boot.Params{Kernel: ki.check, Cmdline: cfg.Cmdline, RAM: ram, CPUs: cfg.CPUs, MP: vm.mpOptions(), ACPI: acpiCheck}, uint64(len(initrd))); err != nil {
 		field := "Memory"
 		if len(initrd) > 0 && strings.Contains(err.Error(), "initrd") {
 			field = "Initrd"
@@ -299,6 +298,10 @@ func New(cfg Config) (_ *VM, err error) {
 		return nil, fmt.Errorf("PCI: %w", err)
 	}
 	if err := vm.writeNCCLTopology(supported); err != nil {
+		return nil, err
+	}
+	kernel, err := ki.wait()
+	if err != nil {
 		return nil, err
 	}
 	params := boot.Params{Kernel: kernel, Initrd: initrd, Cmdline: cfg.Cmdline, RAM: ram, CPUs: cfg.CPUs, MP: vm.mpOptions()}

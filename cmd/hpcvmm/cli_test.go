@@ -60,6 +60,9 @@ func TestExitStatusInvalidInput(t *testing.T) {
 	kernel := synthKernel(t)
 	notKernel := filepath.Join(t.TempDir(), "not-a-kernel")
 	require.NoError(t, os.WriteFile(notKernel, make([]byte, 64<<10), 0o644))
+	openCache := filepath.Join(t.TempDir(), "kernels")
+	require.NoError(t, os.Mkdir(openCache, 0o755))
+	require.NoError(t, os.Chmod(openCache, 0o777))
 	for _, tc := range []struct {
 		args []string
 		want []string
@@ -76,6 +79,8 @@ func TestExitStatusInvalidInput(t *testing.T) {
 		{[]string{"run", "--console", "tty"}, []string{"--console", "virtio, serial or none", "--help"}},
 		{[]string{"run", "--log-level", "loud"}, []string{"--log-level", "debug, info, warn or error", "--help"}},
 		{[]string{"run", "--p2p=maybe"}, []string{"--p2p", "true or false", "--help"}},
+		{[]string{"run", "--kernel-decompress", "gust"}, []string{"--kernel-decompress", "want host or guest", "--help"}},
+		{[]string{"run", "--kernel-cache-size", "0"}, []string{"--kernel-cache-size", "above zero", "--help"}},
 		// Unknown flags, single-dash long flags, missing values, stray arguments.
 		{[]string{"run", "--bogus"}, []string{"unknown flag --bogus", "--help"}},
 		{[]string{"run", "-net", "tap=x"}, []string{"unknown flag -net", "two dashes, --net", "--help"}},
@@ -92,6 +97,8 @@ func TestExitStatusInvalidInput(t *testing.T) {
 		{[]string{"run", "--kernel", kernel, "--memory", "1536M", "--hugepages", "1G"}, []string{"--memory", "not a multiple of the 1G page size"}},
 		{[]string{"run", "--kernel", kernel, "--memory", "16M", "--hugepages", "none"}, []string{"--memory", "too small"}},
 		{[]string{"run", "--kernel", kernel, "--net", "tap=x,mac=zz"}, []string{"--net"}},
+		{[]string{"run", "--kernel", kernel, "--kernel-cache", openCache}, []string{"--kernel-cache", "writable by group or others", "chmod go-w"}},
+		{[]string{"run", "--kernel", kernel, "--kernel-cache", "relative/dir"}, []string{"--kernel-cache", "not an absolute path"}},
 		// The other commands.
 		{[]string{"check", "--memory", "lots"}, []string{"hpcvmm check: --memory", "--help"}},
 		{[]string{"check", "--cpus", "0"}, []string{"--cpus 0", "--help"}},
@@ -186,7 +193,7 @@ func TestHelp(t *testing.T) {
 func TestRunHelpGroups(t *testing.T) {
 	_, out, _ := hpcvmm("run", "--help")
 	groups := map[string][]string{
-		"Guest":               {"kernel", "initrd", "cmdline", "cpus", "memory", "hugepages", "acpi"},
+		"Guest":               {"kernel", "kernel-decompress", "kernel-cache", "kernel-cache-size", "initrd", "cmdline", "cpus", "memory", "hugepages", "acpi"},
 		"Placement":           {"numa-node", "cpu-list", "allow-cross-numa", "prefault-workers", "topology"},
 		"Devices":             {"gpu", "vf", "bind", "p2p", "net", "nccl-topo"},
 		"Console and logging": {"console", "log-level", "shutdown-timeout", "seccomp"},

@@ -18,6 +18,7 @@ import (
 
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/slurm"
+	"github.com/hpcvmm/hpcvmm/vmlinux"
 	"github.com/hpcvmm/hpcvmm/vmm"
 )
 
@@ -37,6 +38,7 @@ func newRunCommand() (*command, *runFlags) {
 		"Boot a Linux guest directly (no firmware): vCPUs pinned to the host CPUs of one NUMA node, "+
 			"guest RAM on hugepages of that node, prefaulted before the guest starts, devices passed through VFIO.",
 		"hpcvmm run --kernel FILE [--initrd FILE] [--cmdline TEXT] [--cpus N]",
+		"[--kernel-decompress host|guest] [--kernel-cache DIR] [--kernel-cache-size SIZE]",
 		"[--memory SIZE] [--hugepages 1G|2M|none]",
 		"[--numa-node N|auto] [--cpu-list LIST] [--allow-cross-numa] [--prefault-workers N]",
 		"[--gpu BDF[,clique=N]|slurm]... [--vf BDF|slurm[,IB-OPTIONS]]...",
@@ -51,7 +53,10 @@ func newRunCommand() (*command, *runFlags) {
 	f.cfg.Seccomp = vmm.SeccompOn
 
 	g := c.group("Guest")
-	g.StringVar(&f.cfg.Kernel, "kernel", "", "`FILE`: the bzImage to boot (required): any distribution kernel, /boot/vmlinuz-*; boot protocol 2.06 or later")
+	g.StringVar(&f.cfg.Kernel, "kernel", "", "`FILE`: the bzImage to boot (required): any distribution kernel, /boot/vmlinuz-*; boot protocol 2.06 or later; or an uncompressed x86-64 vmlinux ELF, entered at its ELF entry point")
+	g.Var(decompressValue{&f.cfg.KernelDecompress}, "kernel-decompress", "where a bzImage's kernel is unpacked: host (once per bzImage, kept in --kernel-cache, entered at its 64-bit entry: the guest skips its decompressor, so in-guest KASLR is off and the kernel runs at its link addresses) or guest (the bzImage's own decompressor at every launch, with KASLR)")
+	g.StringVar(&f.cfg.KernelCache, "kernel-cache", vmlinux.DefaultCacheDir, "`DIR`: where --kernel-decompress host keeps decompressed kernels, one file per bzImage SHA-256 with the content's SHA-256 checked on every use; refused when writable by group or others")
+	g.Var(int64SizeValue{&f.cfg.KernelCacheMax}, "kernel-cache-size", "bound of --kernel-cache, with a K, M or G suffix; the least recently used kernels are removed beyond it (default 1G)")
 	g.StringVar(&f.cfg.Initrd, "initrd", "", "`FILE`: the initramfs to load")
 	g.StringVar(&f.cfg.Cmdline, "cmdline", "", "`TEXT`: the kernel command line (default \""+defaultCmdline(vmm.ConsoleVirtio)+"\"; without console=hvc0 unless --console virtio); reboot=k makes a guest reboot end the VM")
 	g.IntVar(&f.cfg.CPUs, "cpus", f.cfg.CPUs, "`N`: vCPUs, each a host thread pinned to one host CPU")
@@ -144,7 +149,8 @@ func defaultCmdline(c vmm.ConsoleKind) string {
 // flagNames maps vmm.Config fields to the flags that set them, so library
 // errors read as CLI errors.
 var flagNames = map[string]string{
-	"Kernel": "--kernel", "Initrd": "--initrd", "CPUs": "--cpus", "Memory": "--memory",
+	"Kernel": "--kernel", "KernelDecompress": "--kernel-decompress", "KernelCache": "--kernel-cache",
+	"KernelCacheMax": "--kernel-cache-size", "Initrd": "--initrd", "CPUs": "--cpus", "Memory": "--memory",
 	"HugePages": "--hugepages", "NUMANode": "--numa-node", "CPUList": "--cpu-list", "Console": "--console", "PrefaultWorkers": "--prefault-workers",
 	"Passthrough": "--gpu/--vf", "Seccomp": "--seccomp",
 	"Nets": "--net",

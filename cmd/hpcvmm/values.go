@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 
@@ -32,6 +33,48 @@ func (v sizeValue) Set(s string) error {
 	}
 	*v.p = n
 	return nil
+}
+
+// int64SizeValue is a byte count with K/M/G/T suffixes into an int64
+// (--kernel-cache-size); zero means the default.
+type int64SizeValue struct{ p *int64 }
+
+func (v int64SizeValue) String() string {
+	if v.p == nil || *v.p <= 0 {
+		return ""
+	}
+	return guestmem.FormatSize(uint64(*v.p))
+}
+func (v int64SizeValue) Type() string { return "SIZE" }
+func (v int64SizeValue) Set(s string) error {
+	n, err := guestmem.ParseSize(s)
+	if err != nil {
+		return err
+	}
+	if n == 0 || n > math.MaxInt64 {
+		return fmt.Errorf("want a size above zero, e.g. 2G")
+	}
+	*v.p = int64(n)
+	return nil
+}
+
+// decompressValue is host or guest (--kernel-decompress).
+type decompressValue struct{ p *vmm.KernelDecompress }
+
+func (v decompressValue) String() string {
+	if v.p == nil || *v.p == "" {
+		return string(vmm.DecompressHost)
+	}
+	return string(*v.p)
+}
+func (v decompressValue) Type() string { return "host|guest" }
+func (v decompressValue) Set(s string) error {
+	switch d := vmm.KernelDecompress(s); d {
+	case vmm.DecompressHost, vmm.DecompressGuest:
+		*v.p = d
+		return nil
+	}
+	return fmt.Errorf("want host or guest")
 }
 
 // pageSizeValue is 1G, 2M or none (--hugepages).

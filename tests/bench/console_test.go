@@ -16,7 +16,10 @@ func TestLaunchArgvPages(t *testing.T) {
 	cfg := Config{Kernel: "/k", Initrd: "/i", Cmdline: "c", MemoryMiB: 512, HPCVMM: "/h", QEMU: "/q", GoKVM: "/g", LaunchPages: pages2M}
 	argv, err := launchArgv(cfg, vmmHPCVMM)
 	require.NoError(t, err)
-	assert.Contains(t, strings.Join(argv, " "), "--memory 512M --hugepages 2M --console serial")
+	assert.Contains(t, strings.Join(argv, " "), "--memory 512M --kernel-cache "+benchKernelCache+" --hugepages 2M --console serial")
+	argv, err = launchArgv(cfg, vmmHPCVMMGuestKernel)
+	require.NoError(t, err)
+	assert.Contains(t, strings.Join(argv, " "), "--kernel-decompress guest --hugepages 2M --console serial")
 	for _, v := range []string{vmmQEMUMicrovm, vmmQEMUQ35} {
 		argv, err = launchArgv(cfg, v)
 		require.NoError(t, err)

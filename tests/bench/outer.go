@@ -142,7 +142,7 @@ func outer(ctx context.Context, o options) (*Report, error) {
 		HPCVMM:    art.HPCVMM,
 		QEMU:      lookQEMU(),
 		GoKVM:     gokvm,
-		VMMs:      []string{vmmHPCVMM, vmmQEMUMicrovm, vmmQEMUQ35, vmmGoKVM},
+		VMMs:      []string{vmmHPCVMM, vmmHPCVMMGuestKernel, vmmQEMUMicrovm, vmmQEMUQ35, vmmGoKVM},
 		Last:      []string{vmmGoKVM},
 		Cases:     o.cases,
 		QEMUAccel: "kvm",

@@ -1,0 +1,328 @@
+package vmlinux
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultCacheDir is where hpcvmm keeps decompressed kernels unless told
+// otherwise (--kernel-cache).
+const DefaultCacheDir = "/var/cache/hpcvmm/kernels"
+
+// DefaultCacheMax bounds the cache's size: about a dozen distribution
+// kernels.
+const DefaultCacheMax = 1 << 30
+
+// Cache file layout: a text header, then the vmlinux.
+//
+//	hpcvmm-vmlinux v1
+//	sha256 <64 hex digits of the vmlinux>
+//	size <bytes of the vmlinux>
+//	<empty line>
+//	<vmlinux>
+//
+// The file is named <SHA-256 of the bzImage>.vmlinux. The header records the
+// content's hash so a read detects a file truncated, corrupted or replaced
+// behind hpcvmm's back; the name ties it to the bzImage it came from.
+const (
+	cacheMagic     = "hpcvmm-vmlinux v1\n"
+	cacheSuffix    = ".vmlinux"
+	tempPrefix     = ".tmp-"
+	maxHeaderBytes = 256
+	// staleTemp is how old a temporary file must be before a later
+	// launch removes it: far longer than any decompression takes, so a
+	// concurrent launch's file in progress is never taken.
+	staleTemp = time.Hour
+)
+
+// ErrMiss is Get's error when the cache holds no entry for the key.
+var ErrMiss = errors.New("vmlinux: not in the kernel cache")
+
+// Key identifies a bzImage: the SHA-256 of its bytes.
+type Key [sha256.Size]byte
+
+// KeyOf returns the cache key of a bzImage.
+func KeyOf(bzImage []byte) Key { return sha256.Sum256(bzImage) }
+
+// String is the key in hex, as the cache file is named.
+func (k Key) String() string { return hex.EncodeToString(k[:]) }
+
+// Cache is a directory of decompressed kernels, safe for concurrent
+// launches on one node: entries are written to a temporary file and renamed
+// into place, so a reader sees a whole file or none, and two launches that
+// miss at once both write the same bytes.
+type Cache struct {
+	dir string
+	max int64
+}
+
+// OpenCache returns the cache in dir, creating the directory (0755, owned
+// by the caller) when it is missing. It refuses a directory that another
+// user could write to, or that is owned by someone other than root or the
+// caller, because whoever can write there chooses the kernel every VM on
+// the node boots. maxBytes bounds the cache's total size (0:
+// DefaultCacheMax).
+func OpenCache(dir string, maxBytes int64) (*Cache, error) {
+	if dir == "" {
+		dir = DefaultCacheDir
+	}
+	if maxBytes <= 0 {
+		maxBytes = DefaultCacheMax
+	}
+	if !filepath.IsAbs(dir) {
+		return nil, fmt.Errorf("vmlinux: kernel cache %q is not an absolute path: pass an absolute --kernel-cache", dir)
+	}
+	dir = filepath.Clean(dir)
+	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("vmlinux: create kernel cache: %w: run as root, pass --kernel-cache with a directory you own, or --kernel-decompress=guest", err)
+		}
+	}
+	if err := checkOwned(dir, true); err != nil {
+		return nil, err
+	}
+	return &Cache{dir: dir, max: maxBytes}, nil
+}
+
+// Dir is the cache directory.
+func (c *Cache) Dir() string { return c.dir }
+
+// Path is the file that holds key's vmlinux.
+func (c *Cache) Path(key Key) string { return filepath.Join(c.dir, key.String()+cacheSuffix) }
+
+// checkOwned refuses a path that is a symbolic link, not of the expected
+// kind, owned by another user than root or the caller, or writable by group
+// or others.
+func checkOwned(path string, dir bool) error {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return fmt.Errorf("vmlinux: kernel cache: %w", err)
+	}
+	return checkInfo(path, fi, dir)
+}
+
+func checkInfo(path string, fi fs.FileInfo, dir bool) error {
+	what, fix := "file", "remove it"
+	if dir {
+		what, fix = "directory", "chown root "+path+"; chmod go-w "+path+", or pass another --kernel-cache"
+	}
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return fmt.Errorf("vmlinux: kernel cache %s %s is a symbolic link: %s", what, path, fix)
+	case dir && !fi.IsDir(), !dir && !fi.Mode().IsRegular():
+		return fmt.Errorf("vmlinux: kernel cache %s %s is a %v, not a %s: %s", what, path, fi.Mode().Type(), what, fix)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("vmlinux: kernel cache %s %s: no owner information", what, path)
+	}
+	if uid := uint32(os.Geteuid()); st.Uid != 0 && st.Uid != uid {
+		return fmt.Errorf("vmlinux: kernel cache %s %s is owned by uid %d, not root or hpcvmm's uid %d: %s", what, path, st.Uid, uid, fix)
+	}
+	if perm := fi.Mode().Perm(); perm&0o022 != 0 {
+		return fmt.Errorf("vmlinux: kernel cache %s %s has mode %04o, writable by group or others, who could choose the kernel VMs boot: %s", what, path, perm, fix)
+	}
+	return nil
+}
+
+// Entry is a cache entry mapped into memory: the vmlinux is read straight
+// from the page cache into guest RAM, without a copy on hpcvmm's heap that
+// would stay in its resident memory until the garbage collector returns it.
+// The file is replaced only by rename, never rewritten in place, so the
+// mapping stays valid while another launch updates the cache.
+type Entry struct {
+	mapping []byte
+	body    []byte
+}
+
+// Bytes is the vmlinux; valid until Close.
+func (e *Entry) Bytes() []byte { return e.body }
+
+// Close unmaps the entry.
+func (e *Entry) Close() error {
+	if e.mapping == nil {
+		return nil
+	}
+	err := unix.Munmap(e.mapping)
+	e.mapping, e.body = nil, nil
+	return err
+}
+
+// Get returns the vmlinux cached for key after checking the file (a
+// regular file owned by root or the caller, not writable by others), its
+// header and the SHA-256 of its content. It returns ErrMiss when there is
+// no entry; any other error means the entry is unusable (and Put will
+// replace it). A hit refreshes the file's modification time, which
+// eviction orders by. Close the entry when its bytes are no longer needed.
+func (c *Cache) Get(key Key) (*Entry, error) {
+	path := c.Path(key)
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, ErrMiss
+	}
+	if err != nil {
+		return nil, fmt.Errorf("vmlinux: kernel cache: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("vmlinux: kernel cache: %w", err)
+	}
+	if err := checkInfo(path, fi, false); err != nil {
+		return nil, err
+	}
+	if fi.Size() > MaxSize+maxHeaderBytes {
+		return nil, fmt.Errorf("vmlinux: kernel cache file %s is %d bytes, more than a kernel (%d): remove it", path, fi.Size(), MaxSize+maxHeaderBytes)
+	}
+	if fi.Size() == 0 {
+		return nil, fmt.Errorf("vmlinux: kernel cache file %s is empty: remove it", path)
+	}
+	buf, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("vmlinux: kernel cache file %s: mmap: %w", path, err)
+	}
+	e := &Entry{mapping: buf}
+	if e.body, err = verify(buf); err != nil {
+		_ = e.Close()
+		return nil, fmt.Errorf("vmlinux: kernel cache file %s: %w", path, err)
+	}
+	now := time.Now()
+	_ = os.Chtimes(path, now, now) // LRU order only; a read-only cache still serves
+	return e, nil
+}
+
+// Verify checks a cache file's header and the SHA-256 of its content and
+// returns the vmlinux it holds. Tests and tools use it to check a file
+// independently of Get.
+func Verify(file []byte) ([]byte, error) { return verify(file) }
+
+func verify(buf []byte) ([]byte, error) {
+	end := bytes.Index(buf[:min(len(buf), maxHeaderBytes)], []byte("\n\n"))
+	if !bytes.HasPrefix(buf, []byte(cacheMagic)) || end < 0 {
+		return nil, errors.New("no hpcvmm-vmlinux v1 header: not a kernel cache file, or from another hpcvmm version")
+	}
+	var sum, size string
+	for _, line := range strings.Split(string(buf[len(cacheMagic):end]), "\n") {
+		k, v, _ := strings.Cut(line, " ")
+		switch k {
+		case "sha256":
+			sum = v
+		case "size":
+			size = v
+		}
+	}
+	body := buf[end+2:]
+	n, err := strconv.ParseUint(size, 10, 64)
+	if err != nil || n != uint64(len(body)) {
+		return nil, fmt.Errorf("header says size %q, the file holds %d bytes: truncated or corrupt", size, len(body))
+	}
+	got := sha256.Sum256(body)
+	if want, err := hex.DecodeString(sum); err != nil || !bytes.Equal(want, got[:]) {
+		return nil, fmt.Errorf("content SHA-256 %x does not match the header's %q: corrupt or replaced", got, sum)
+	}
+	return body, nil
+}
+
+// Put stores vmlinux for key: written to a temporary file in the cache
+// directory, synced, made read-only (0444) and renamed over the entry, so
+// concurrent readers see the old file or the new one, never a part. It
+// then evicts the least recently used entries beyond the size bound.
+func (c *Cache) Put(key Key, vmlinux []byte) (err error) {
+	sum := sha256.Sum256(vmlinux)
+	header := fmt.Sprintf("%ssha256 %x\nsize %d\n\n", cacheMagic, sum, len(vmlinux))
+	f, err := os.CreateTemp(c.dir, tempPrefix+key.String()[:16]+"-*")
+	if err != nil {
+		return fmt.Errorf("vmlinux: kernel cache: %w", err)
+	}
+	tmp := f.Name()
+	defer func() {
+		if err != nil {
+			_ = f.Close()
+			_ = os.Remove(tmp)
+		}
+	}()
+	if _, err = f.WriteString(header); err != nil {
+		return fmt.Errorf("vmlinux: kernel cache: write %s: %w", tmp, err)
+	}
+	if _, err = f.Write(vmlinux); err != nil {
+		return fmt.Errorf("vmlinux: kernel cache: write %s: %w", tmp, err)
+	}
+	if err = f.Chmod(0o444); err != nil {
+		return fmt.Errorf("vmlinux: kernel cache: %w", err)
+	}
+	if err = f.Sync(); err != nil {
+		return fmt.Errorf("vmlinux: kernel cache: sync %s: %w", tmp, err)
+	}
+	if err = f.Close(); err != nil {
+		return fmt.Errorf("vmlinux: kernel cache: close %s: %w", tmp, err)
+	}
+	if err = os.Rename(tmp, c.Path(key)); err != nil {
+		return fmt.Errorf("vmlinux: kernel cache: %w", err)
+	}
+	return c.evict(c.Path(key))
+}
+
+// evict removes the least recently used entries until the cache fits its
+// bound, never keep (the entry just written), and temporary files a crashed
+// launch left behind.
+func (c *Cache) evict(keep string) error {
+	entries, err := os.ReadDir(c.dir)
+	if err != nil {
+		return fmt.Errorf("vmlinux: kernel cache: %w", err)
+	}
+	type entry struct {
+		path  string
+		size  int64
+		mtime time.Time
+	}
+	var files []entry
+	var total int64
+	for _, e := range entries {
+		path := filepath.Join(c.dir, e.Name())
+		fi, err := e.Info()
+		if err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(e.Name(), tempPrefix):
+			if time.Since(fi.ModTime()) > staleTemp {
+				_ = os.Remove(path)
+			}
+		case strings.HasSuffix(e.Name(), cacheSuffix):
+			files = append(files, entry{path, fi.Size(), fi.ModTime()})
+			total += fi.Size()
+		}
+	}
+	slices.SortFunc(files, func(a, b entry) int { return a.mtime.Compare(b.mtime) })
+	var errs []error
+	for _, f := range files {
+		if total <= c.max {
+			break
+		}
+		if f.path == keep {
+			continue
+		}
+		if err := os.Remove(f.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		total -= f.size
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("vmlinux: kernel cache: evict: %w", errors.Join(errs...))
+	}
+	return nil
+}
