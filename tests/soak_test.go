@@ -123,9 +123,10 @@ func TestSoakPassthrough(t *testing.T) {
 // fifth boots to the end. After SIGKILL `hpcvmm unbind` restores what the journal
 // recorded; after SIGTERM or a full boot hpcvmm restored it itself. After
 // each boot edu is on no driver again, no journal is left, the TAP is
-// gone and the free hugepages are as before.
+// gone and the free hugepages are as before. It has an L1 boot of its own
+// (harness.ProfileSignals: the passthrough test bed).
 func TestBootsWithSignals(t *testing.T) {
-	harness.Run(t, harness.ProfilePassthrough, func(t *testing.T, env *harness.Env) {
+	harness.Run(t, harness.ProfileSignals, func(t *testing.T, env *harness.Env) {
 		setDriver(t, harness.EduBDF, "")
 		reserve2M(t, 128)
 		// Twenty L2 boots on a loaded machine: a full boot took up to
