@@ -129,6 +129,13 @@ func (t *Vectors) VectorChanged(vector int, msg MSIMessage) {
 		return
 	}
 	v := &t.vecs[vector]
+	if !msg.Masked && !ValidMSIAddress(msg.Addr) {
+		// A message KVM would turn into some interrupt anyway (it decodes
+		// the destination from any address): refused, the vector stays
+		// off until the guest writes a valid one.
+		t.report(fmt.Errorf("irq: %s: guest unmasked vector %d with address %#x outside the MSI window 0xfee00000-0xfeefffff (data %#x): refused, vector left masked", t.name, vector, msg.Addr, msg.Data))
+		msg.Masked = true
+	}
 	if msg.Masked {
 		// The route stays in KVM's table untouched: with no irqfd on it
 		// nothing uses it, and leaving it saves a table push now and,
@@ -222,6 +229,12 @@ func (t *Vectors) Close() error {
 	}
 	return errors.Join(errs...)
 }
+
+// ValidMSIAddress reports whether a guest MSI address is one an x86 CPU
+// takes as an interrupt: the 0xFEExxxxx window, upper half zero (with the
+// extended destination ID the extra bits sit in address bits 11:5, still
+// inside the window).
+func ValidMSIAddress(addr uint64) bool { return addr>>20 == 0xfee }
 
 // MSIMessage is one MSI or MSI-X vector as the guest programmed it. Masked
 // is the effective mask: the entry's mask bit, the function mask, or MSI-X

@@ -80,6 +80,17 @@ type RootConfig struct {
 	// way out of a configuration write (a BAR programmed over another
 	// device's range). It runs under the Root's lock.
 	OnError func(error)
+	// Reserved are guest-physical memory ranges no memory BAR may decode
+	// over (guest RAM, the interrupt controllers): a BAR the guest moves
+	// onto one stays off, reported to OnError, since its memslot or bus
+	// range would shadow RAM or collide with KVM's own.
+	Reserved []Reserved
+}
+
+// Reserved is a named guest-physical memory range (see RootConfig).
+type Reserved struct {
+	Name       string
+	Base, Size uint64
 }
 
 type barState struct {
@@ -326,6 +337,18 @@ func (r *Root) update(s *slot) {
 		if !want {
 			continue
 		}
+		// Refused placements leave the BAR off until the guest moves it
+		// somewhere valid, as a bus registration conflict does.
+		if st.kind != BARIO {
+			if what, bad := r.overReserved(addr, st.size); bad {
+				r.report(fmt.Errorf("pci: %s BAR%d at %#x (%#x bytes) over %s: refused, BAR left off", s.name, i, addr, st.size, what))
+				continue
+			}
+		}
+		if other, bad := r.overMappedBAR(s, i, st.kind == BARIO, addr, st.size); bad {
+			r.report(fmt.Errorf("pci: %s BAR%d at %#x (%#x bytes) over %s: refused, BAR left off", s.name, i, addr, st.size, other))
+			continue
+		}
 		if st.handler != nil {
 			if as == nil {
 				r.report(fmt.Errorf("pci: %s BAR%d (%s): no address space for this BAR kind", s.name, i, st.kind))
@@ -343,6 +366,47 @@ func (r *Root) update(s *slot) {
 		st.base = addr
 		s.dev.BARMapped(i, addr, true)
 	}
+}
+
+// overReserved reports which reserved range [addr, addr+size) overlaps.
+func (r *Root) overReserved(addr, size uint64) (string, bool) {
+	for _, res := range r.cfg.Reserved {
+		if addr < res.Base+res.Size && res.Base < addr+size {
+			return fmt.Sprintf("%s [%#x, %#x)", res.Name, res.Base, res.Base+res.Size), true
+		}
+	}
+	return "", false
+}
+
+// overMappedBAR reports which decoding BAR of the same space (other than
+// BAR bar of s) overlaps [addr, addr+size). The bus registration catches
+// this for BARs with a handler; BARs that are only memslots (passthrough
+// BARs mapped onto the device) need it here, or two memslots would overlap.
+func (r *Root) overMappedBAR(s *slot, bar int, io bool, addr, size uint64) (string, bool) {
+	var found string
+	var walk func(table *[NumSlots]*slot) bool
+	walk = func(table *[NumSlots]*slot) bool {
+		for _, o := range table {
+			if o == nil {
+				continue
+			}
+			for j := range o.bars {
+				st := &o.bars[j]
+				if !st.mapped || (o == s && j == bar) || (st.kind == BARIO) != io {
+					continue
+				}
+				if addr < st.base+st.size && st.base < addr+size {
+					found = fmt.Sprintf("%s BAR%d [%#x, %#x)", o.name, j, st.base, st.base+st.size)
+					return true
+				}
+			}
+			if walk(&o.children) {
+				return true
+			}
+		}
+		return false
+	}
+	return found, walk(&r.slots)
 }
 
 // forwarded reports whether every bridge above s passes accesses to [addr,

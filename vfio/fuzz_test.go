@@ -44,6 +44,7 @@ var fuzzFixture struct {
 	once sync.Once
 	cfg  []byte
 	bar0 []byte
+	maps mmapPool
 }
 
 // fuzzH100 is h100(t, true) over the shared fixture: a fresh copy of the
@@ -56,6 +57,7 @@ func fuzzH100(t testing.TB) *fakeDev {
 		fuzzFixture.bar0 = make([]byte, 16<<20)
 	})
 	f := newFakeDev(append([]byte(nil), fuzzFixture.cfg...))
+	f.pool = &fuzzFixture.maps
 	r0 := &f.regions[0]
 	r0.Size, r0.MSIXMappable = 16<<20, true
 	r0.Flags = uapi.VFIORegionInfoFlagRead | uapi.VFIORegionInfoFlagWrite | uapi.VFIORegionInfoFlagMmap

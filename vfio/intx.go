@@ -46,17 +46,8 @@ func (p *PCIDevice) setupInterrupts() error {
 			m.fds[i] = int32(t.EventFD(i))
 		}
 	}
-	if m := p.msi; m != nil {
-		t, err := irq.NewVectors(p.cfg.Router, p.cfg.Name+" MSI", m.max, p.cfg.OnError)
-		if err != nil {
-			return fmt.Errorf("vfio: %s: MSI: %w", p.cfg.Name, err)
-		}
-		m.irqfds, m.target = t, t
-		m.fds = make([]int32, m.max)
-		for i := range m.fds {
-			m.fds[i] = int32(t.EventFD(i))
-		}
-	}
+	// MSI's eventfds (up to 32) are made when the guest first enables MSI
+	// (msiState.vectors): drivers of devices with MSI-X never do.
 	if p.cfg.INTx == nil || p.vc.val[pci.RegInterruptPin] == 0 {
 		return nil
 	}

@@ -117,7 +117,9 @@ func (m *msiState) update(p *PCIDevice) {
 			p.report(fmt.Errorf("vfio: %s: resize MSI: %w", p.cfg.Name, err))
 		}
 		m.on = 0
-		if err := p.dev.SetIRQEventFDs(uapi.VFIOPCIMSIIRQIndex, 0, uapi.VFIOIRQSetActionTrigger, m.fds[:n]); err != nil {
+		if err := m.vectors(p); err != nil {
+			p.report(err)
+		} else if err := p.dev.SetIRQEventFDs(uapi.VFIOPCIMSIIRQIndex, 0, uapi.VFIOIRQSetActionTrigger, m.fds[:n]); err != nil {
 			p.report(fmt.Errorf("vfio: %s: enable MSI with %d vectors: %w", p.cfg.Name, n, err))
 		} else {
 			m.on = n
@@ -149,7 +151,11 @@ func (m *msiState) update(p *PCIDevice) {
 		}
 		if msg != m.reported[i] {
 			m.reported[i] = msg
-			m.target.VectorChanged(i, msg)
+			// Without vectors yet MSI was never on: every message is
+			// masked, which is what a fresh vector is.
+			if m.target != nil {
+				m.target.VectorChanged(i, msg)
+			}
 		}
 	}
 	if !en && m.on != 0 {
@@ -159,6 +165,25 @@ func (m *msiState) update(p *PCIDevice) {
 		m.on = 0
 		p.intxBack()
 	}
+}
+
+// vectors makes the MSI eventfds and their irqfd bookkeeping, once, when
+// the guest first enables MSI; a device whose driver uses MSI-X or INTx
+// never holds them.
+func (m *msiState) vectors(p *PCIDevice) error {
+	if m.irqfds != nil {
+		return nil
+	}
+	t, err := irq.NewVectors(p.cfg.Router, p.cfg.Name+" MSI", m.max, p.cfg.OnError)
+	if err != nil {
+		return fmt.Errorf("vfio: %s: enable MSI: %w", p.cfg.Name, err)
+	}
+	m.irqfds, m.target = t, t
+	m.fds = make([]int32, m.max)
+	for i := range m.fds {
+		m.fds[i] = int32(t.EventFD(i))
+	}
+	return nil
 }
 
 func (m *msiState) close(p *PCIDevice) error {

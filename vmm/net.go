@@ -95,7 +95,7 @@ func (vm *VM) addNets() error {
 		opts := virtionet.Options{
 			Name: n.TAP, MTU: mtu, Pairs: queues, Memory: vm.mem, Regions: regions,
 			WorkerCPUs: workerCPUs(vm.place),
-			OnError:    func(err error) { vm.log.Warn("virtio-net", "tap", n.TAP, "err", err) },
+			OnError:    func(err error) { vm.refusals.Refuse("virtio-net "+n.TAP, err) },
 		}
 		if n.MAC != "" {
 			opts.MAC, _ = virtionet.ParseMAC(n.MAC) // validated
@@ -113,7 +113,7 @@ func (vm *VM) addNets() error {
 		}
 		tr, err := transport.New(dev, transport.Config{
 			Memory: vm.mem, Router: vm.irq, Notifier: vm.irq,
-			OnError: func(err error) { vm.log.Warn("virtio-net", "tap", n.TAP, "err", err) },
+			OnError: func(err error) { vm.refusals.Refuse("virtio-net "+n.TAP, err) },
 		})
 		if err != nil {
 			dev.Close()

@@ -304,7 +304,7 @@ func (vm *VM) addPassthroughFiles(files []vfio.DeviceFile, p2p vfio.P2PMapper) e
 			Router: vm.irq, INTx: vm.irq, INTxGSI: uint32(intxPin(slot)),
 			Memslots: vm.slots, P2P: p2p,
 			HasClique: sp.Clique >= 0, Clique: uint8(max(sp.Clique, 0)),
-			OnError: func(err error) { vm.log.Warn("passthrough", "device", dev.BDF.String(), "err", err) },
+			OnError: func(err error) { vm.refusals.Refuse("passthrough "+dev.BDF.String(), err) },
 		})
 		if err != nil { // NewPCIDevice closed f
 			closeDeviceFiles(files[i+1:])

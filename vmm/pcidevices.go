@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/hpcvmm/hpcvmm/addrspace"
+	"github.com/hpcvmm/hpcvmm/boot"
 	"github.com/hpcvmm/hpcvmm/pci"
 	"github.com/hpcvmm/hpcvmm/virtio/console"
 	"github.com/hpcvmm/hpcvmm/virtio/transport"
@@ -23,6 +24,21 @@ func barSpaceError(err error, physBits int) error {
 	return fmt.Errorf("%w: pass fewer devices with 32-bit BARs", err)
 }
 
+// reservedForBARs lists what no memory BAR may be moved over by the guest:
+// RAM (a BAR's memslot would shadow it, or KVM refuses the overlap), ECAM,
+// the IOAPIC, and the LAPIC page with the MSI window around it (a BAR there
+// would take the guest's interrupt writes).
+func reservedForBARs(memory uint64) []pci.Reserved {
+	var out []pci.Reserved
+	for _, r := range addrspace.RAM(memory) {
+		out = append(out, pci.Reserved{Name: "guest RAM", Base: r.GPA, Size: r.Size})
+	}
+	return append(out,
+		pci.Reserved{Name: "ECAM", Base: addrspace.ECAMBase, Size: pci.ECAMSize},
+		pci.Reserved{Name: "the IOAPIC", Base: boot.IOAPICAddr, Size: 0x1000},
+		pci.Reserved{Name: "the LAPIC and MSI window", Base: boot.LAPICAddr, Size: 1 << 20})
+}
+
 // PCI slots of hpcvmm's own devices on bus 0 (slot 0 is the host bridge).
 const consoleSlot = 1
 
@@ -33,8 +49,8 @@ const consoleSlot = 1
 func (vm *VM) addPCI(physBits int) error {
 	vm.irq = newIRQRouter(vm.vm)
 	vm.irq.extDestID = vm.needsX2APIC()
-	onError := func(err error) { vm.log.Warn("pci", "err", err) }
-	vm.pci = pci.NewRoot(pci.RootConfig{MMIO: &vm.mmio, PIO: &vm.pio, OnError: onError})
+	onError := func(err error) { vm.refusals.Refuse("pci", err) }
+	vm.pci = pci.NewRoot(pci.RootConfig{MMIO: &vm.mmio, PIO: &vm.pio, OnError: onError, Reserved: reservedForBARs(vm.cfg.Memory)})
 	if err := vm.pio.Register(pci.ConfigIOPort, pci.ConfigIOSize, "pci conf1", vm.pci.ConfigIO()); err != nil {
 		return err
 	}
@@ -44,7 +60,7 @@ func (vm *VM) addPCI(physBits int) error {
 	if vm.cfg.Console == ConsoleVirtio {
 		con, err := console.New(vm.cfg.Stdin, vm.cfg.Stdout, console.Options{
 			Rows: vm.cfg.ConsoleRows, Cols: vm.cfg.ConsoleCols,
-			OnError: func(err error) { vm.log.Warn("virtio-console", "err", err) },
+			OnError: func(err error) { vm.refusals.Refuse("virtio-console", err) },
 		})
 		if err != nil {
 			return fmt.Errorf("virtio-console: %w", err)
@@ -55,7 +71,7 @@ func (vm *VM) addPCI(physBits int) error {
 		}
 		tr, err := transport.New(con, transport.Config{
 			Memory: vm.mem, Router: vm.irq, Notifier: vm.irq,
-			OnError: func(err error) { vm.log.Warn("virtio-console", "err", err) },
+			OnError: func(err error) { vm.refusals.Refuse("virtio-console", err) },
 		})
 		if err != nil {
 			return fmt.Errorf("virtio-console: %w", err)

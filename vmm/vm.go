@@ -80,16 +80,19 @@ type VM struct {
 
 	pio, mmio                   bus.Bus
 	unhandledPIO, unhandledMMIO *platform.Unhandled
-	serial                      *platform.Serial
-	serialEvent                 int // eventfd wired to GSI 4 by KVM_IRQFD
-	irq                         *irqRouter
-	pci                         *pci.Root
-	console                     *console.Console
-	transports                  []*transport.Transport
-	acpiPM                      *platform.ACPIPM
-	ged                         *platform.GED // ACPI power button
-	pt                          *passthrough  // nil without passthrough devices
-	slots                       *memslots     // KVM slots for BAR mappings
+	// refusals logs what devices report with no caller to return it to
+	// (chiefly guest actions they refused), rate-limited per device.
+	refusals    *platform.Refusals
+	serial      *platform.Serial
+	serialEvent int // eventfd wired to GSI 4 by KVM_IRQFD
+	irq         *irqRouter
+	pci         *pci.Root
+	console     *console.Console
+	transports  []*transport.Transport
+	acpiPM      *platform.ACPIPM
+	ged         *platform.GED // ACPI power button
+	pt          *passthrough  // nil without passthrough devices
+	slots       *memslots     // KVM slots for BAR mappings
 
 	stopping atomic.Bool
 	stopped  chan struct{} // closed by the first stop
@@ -125,7 +128,8 @@ func New(cfg Config) (_ *VM, err error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	vm := &VM{cfg: cfg, log: log, start: start, serialEvent: -1, stopped: make(chan struct{})}
+	vm := &VM{cfg: cfg, log: log, start: start, serialEvent: -1, stopped: make(chan struct{}),
+		refusals: platform.NewRefusals(log, 0)}
 	defer func() {
 		if err != nil {
 			vm.Close()
@@ -602,6 +606,7 @@ func (vm *VM) Close() error {
 		}
 		// Last: vfio-pci lets a device go only once every fd is closed.
 		errs = append(errs, vm.restoreHost())
+		vm.refusals.Flush()
 		vm.closeErr = errors.Join(errs...)
 	})
 	return vm.closeErr

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"io"
-	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +18,43 @@ import (
 
 // span is a guest-physical range the device may write.
 type span struct{ lo, hi uint64 }
+
+// fuzzConMemSize is the fuzzed guest's RAM: four rings of 8 entries at
+// 0x100 apart, then buffers from 0x1000 (a buffer is at most 64 bytes).
+// Every device entry point is followed by a compare of all of it.
+const fuzzConMemSize = 0x4000
+
+// fuzzCon is the console and guest memory shared by the fuzz inputs (one
+// at a time per process): building a console per input started a reader
+// goroutine and waited for it each time, most of an input's cost, and a
+// wait that a loaded machine sometimes stretched past its limit. Each
+// input resets the device the way a guest does, so it starts from the
+// reset state.
+var fuzzCon struct {
+	once, waitInput sync.Once
+	con             *console.Console
+	err             error
+	mem, fill       queuetest.Memory
+	before          []byte
+}
+
+func fuzzConsole(t *testing.T) *console.Console {
+	fuzzCon.once.Do(func() {
+		// Input that never runs out: whatever earlier inputs consumed,
+		// more is waiting.
+		fuzzCon.con, fuzzCon.err = console.New(endlessInput{}, io.Discard, console.Options{Rows: 24, Cols: 80, OnError: func(error) {}})
+		fuzzCon.mem = make(queuetest.Memory, fuzzConMemSize)
+		fuzzCon.fill = make(queuetest.Memory, fuzzConMemSize)
+		for i := range fuzzCon.fill {
+			fuzzCon.fill[i] = 0xaa
+		}
+		fuzzCon.before = make([]byte, fuzzConMemSize)
+	})
+	if fuzzCon.err != nil {
+		t.Fatal(fuzzCon.err)
+	}
+	return fuzzCon.con
+}
 
 // FuzzConsoleControl drives a MULTIPORT console directly (the device
 // goroutine's calls, in the fuzzer's order) with a guest that posts port 0
@@ -35,11 +72,10 @@ func FuzzConsoleControl(f *testing.F) {
 	f.Add([]byte{2, 4, 1, 2, 3, 4, 2, 8, 0, 0, 0, 0, 3, 0, 1, 0, 7, 0})
 	f.Add([]byte{1, 7, 3, 0, 255, 1, 1, 2, 1, 0, 3, 3, 0, 1, 5, 2, 7, 1})
 	f.Fuzz(func(t *testing.T, ops []byte) {
-		const memSize = 0x10000
-		mem := make(queuetest.Memory, memSize)
-		for i := range mem {
-			mem[i] = 0xaa
-		}
+		const memSize = fuzzConMemSize
+		con := fuzzConsole(t)
+		mem := fuzzCon.mem
+		copy(mem, fuzzCon.fill)
 		drv := [4]*queuetest.Driver{}
 		allowed := []span{}
 		for q := range drv {
@@ -55,26 +91,30 @@ func FuzzConsoleControl(f *testing.F) {
 				t.Fatal(err)
 			}
 		}
-		con, err := console.New(strings.NewReader("host input\n"), io.Discard, console.Options{Rows: 24, Cols: 80, OnError: func(error) {}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer con.Close()
+		// The guest's reset between two inputs (what the transport calls
+		// when the driver writes status 0), then a fresh activation: the
+		// device starts from its reset state, with host input waiting.
+		con.Reset()
+		con.SetSize(24, 80)
 		if err := con.Activate(feat, qs, &nopIRQ{}); err != nil {
 			t.Fatal(err)
 		}
-		// Wait until the host input is read and waiting, so a device
-		// that delivers it too early does so within the run.
-		pfd := []unix.PollFd{{Fd: int32(con.EventFD()), Events: unix.POLLIN}}
-		for deadline := time.Now().Add(5 * time.Second); ; {
-			n, err := unix.Poll(pfd, int(time.Until(deadline)/time.Millisecond)+1)
-			if n == 1 {
-				break
+		fuzzCon.waitInput.Do(func() {
+			// The first activation starts the reader; wait until the host
+			// input is read and waiting, so a device that delivers it too
+			// early does so within the run. The reader never runs dry,
+			// so input is waiting at the start of every later input too.
+			pfd := []unix.PollFd{{Fd: int32(con.EventFD()), Events: unix.POLLIN}}
+			for deadline := time.Now().Add(time.Minute); ; {
+				n, err := unix.Poll(pfd, int(time.Until(deadline)/time.Millisecond)+1)
+				if n == 1 {
+					break
+				}
+				if err != unix.EINTR || time.Now().After(deadline) {
+					t.Fatalf("host input never became ready: %v", err)
+				}
 			}
-			if err != unix.EINTR || time.Now().After(deadline) {
-				t.Fatalf("host input never became ready: %v", err)
-			}
-		}
+		})
 
 		next := uint64(0x1000) // bump allocator for buffers
 		heads := [4]uint16{}
@@ -108,7 +148,7 @@ func FuzzConsoleControl(f *testing.F) {
 				sentOpen = true
 			}
 		}
-		before := make([]byte, memSize)
+		before := fuzzCon.before
 		var cinSeen uint16
 		// call runs one device entry point and checks the properties; it
 		// reports false once the device asked for a reset (the transport

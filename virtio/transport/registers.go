@@ -137,6 +137,8 @@ func (r regs) Write(offset uint64, data []byte) {
 			if err := irq.SignalEventFD(t.queues[q].notifyFD); err != nil {
 				t.report(fmt.Errorf("virtio-pci: queue %d notify: %w", q, err))
 			}
+		} else if n := t.badDoorbells.Add(1); n&(n-1) == 0 {
+			t.report(fmt.Errorf("virtio-pci type %d: doorbell for queue %d, the device has %d: ignored (%d such doorbells so far)", t.dev.Type(), q, len(t.queues), n))
 		}
 	}
 }

@@ -47,12 +47,21 @@ type Rig struct {
 // NewRig builds the transport for dev over mem, adds it at Slot, places its
 // BARs like the VMM does, and locates the virtio regions like Linux does.
 func NewRig(dev virtio.Device, mem queuetest.Memory) (*Rig, error) {
+	return NewRigReporting(dev, mem, nil)
+}
+
+// NewRigReporting is NewRig with the transport's and root's errors going to
+// onError (as the VMM's rate-limited log gets them) instead of Errors.
+func NewRigReporting(dev virtio.Device, mem queuetest.Memory, onError func(error)) (*Rig, error) {
 	r := &Rig{PIO: &bus.Bus{}, MMIO: &bus.Bus{}, Router: irqtest.NewRouter(), Notifier: irqtest.NewNotifier(), Mem: mem, Errors: make(chan error, 64)}
 	report := func(err error) {
 		select {
 		case r.Errors <- err:
 		default:
 		}
+	}
+	if onError != nil {
+		report = onError
 	}
 	r.Root = pci.NewRoot(pci.RootConfig{MMIO: r.MMIO, PIO: r.PIO, OnError: report})
 	if err := r.PIO.Register(pci.ConfigIOPort, pci.ConfigIOSize, "pci-conf1", r.Root.ConfigIO()); err != nil {
