@@ -86,6 +86,9 @@ func TestSoakCreateRunDestroy(t *testing.T) {
 	require.NoError(t, err)
 	cfg := vmm.DefaultConfig()
 	cfg.Kernel, cfg.Cmdline = kernel, "console=ttyS0"
+	// The synthetic bzImage is its own 64-bit entry, with no compressed
+	// payload to unpack on the host.
+	cfg.KernelDecompress = vmm.DecompressGuest
 	cfg.Memory, cfg.HugePages = 64<<20, page
 	cfg.Console, cfg.Topology = vmm.ConsoleVirtio, vmm.TopologyFlat
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
