@@ -3,6 +3,7 @@ package console_test
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"io"
 	"strings"
 	"sync"
@@ -348,6 +349,9 @@ func TestConsoleTransmitBeforeWrite(t *testing.T) {
 		pfd := []unix.PollFd{{Fd: int32(con.EventFD()), Events: unix.POLLIN}}
 		wake := func(timeout time.Duration) bool {
 			n, err := unix.Poll(pfd, int(timeout/time.Millisecond))
+			for errors.Is(err, unix.EINTR) { // Go's preemption signal, under load
+				n, err = unix.Poll(pfd, int(timeout/time.Millisecond))
+			}
 			if err != nil || n == 0 {
 				return false
 			}
@@ -406,6 +410,9 @@ func TestConsoleTransmitBeforeWrite(t *testing.T) {
 		tx.SetUsedEvent(1)
 		pfd := []unix.PollFd{{Fd: int32(con.EventFD()), Events: unix.POLLIN}}
 		n, err := unix.Poll(pfd, 1000)
+		for errors.Is(err, unix.EINTR) {
+			n, err = unix.Poll(pfd, 1000)
+		}
 		require.NoError(t, err)
 		require.Equal(t, 1, n, "the deferral's timer wakes the device")
 		require.NoError(t, con.HandleEvent())
