@@ -93,6 +93,9 @@ type passthrough struct {
 	ctr     *iommu.Container
 	kv      *vfio.KVMVFIO
 	pcidevs []*vfio.PCIDevice
+	// files are the devices opened by openPassthrough and not yet handed
+	// to a PCIDevice (addPassthroughDevices); Close closes them.
+	files []vfio.DeviceFile
 	// topo is where the devices sit in the guest's PCI tree (topology.go).
 	topo ptTopology
 }
@@ -222,10 +225,11 @@ func (vm *VM) mpOptions() boot.MPOptions {
 	return opts
 }
 
-// addPassthroughDevices opens every device through one VFIO container
-// shared by all of them, DMA-maps guest RAM into it once per region, and
-// puts the devices on the PCI bus.
-func (vm *VM) addPassthroughDevices() error {
+// openPassthrough opens the VFIO container shared by every device, the
+// KVM-VFIO device, and each device's file: opening a device resets it
+// (seconds on a real GPU). The files wait in pt.files for
+// addPassthroughDevices.
+func (vm *VM) openPassthrough() error {
 	pt := vm.pt
 	if pt == nil {
 		return nil
@@ -243,27 +247,31 @@ func (vm *VM) addPassthroughDevices() error {
 	if err := setupFault("KVM-VFIO device"); err != nil {
 		return err
 	}
-	files := make([]vfio.DeviceFile, 0, len(pt.devs))
 	for _, dev := range pt.devs {
 		f, err := vfio.OpenDevice(pt.ctr, pt.kv, dev)
 		if err != nil {
-			closeDeviceFiles(files)
 			return err
 		}
-		files = append(files, f)
+		pt.files = append(pt.files, f)
 		if err := setupFault("open " + dev.BDF.String()); err != nil {
-			closeDeviceFiles(files)
 			return err
 		}
 	}
-	// The IOMMU type is set when the first group joins the container, so
-	// guest RAM can be mapped only now: once, for all devices.
+	return nil
+}
+
+// mapGuestRAM DMA-maps guest RAM into the container, once per region for
+// all devices. The IOMMU type is set when the first group joins the
+// container, so this follows openPassthrough.
+func (vm *VM) mapGuestRAM() error {
+	pt := vm.pt
+	if pt == nil {
+		return nil
+	}
 	if err := pt.ctr.MapGuestRAM(vm.mem.Regions()); err != nil {
-		closeDeviceFiles(files)
 		return err
 	}
 	if err := setupFault("DMA-map guest RAM"); err != nil {
-		closeDeviceFiles(files)
 		return err
 	}
 	var took time.Duration
@@ -277,6 +285,18 @@ func (vm *VM) addPassthroughDevices() error {
 	vm.log.Info("guest RAM DMA-mapped", "map_dma_calls", pt.ctr.MapCalls(), "regions", len(vm.mem.Regions()),
 		"took", took.Round(time.Microsecond))
 	vm.log.Info("VFIO container shared by all passed-through devices", "containers", 1, "devices", len(pt.devs))
+	return nil
+}
+
+// addPassthroughDevices puts the devices openPassthrough opened on the PCI
+// bus, handing their files to addPassthroughFiles.
+func (vm *VM) addPassthroughDevices() error {
+	pt := vm.pt
+	if pt == nil {
+		return nil
+	}
+	files := pt.files
+	pt.files = nil
 	var p2p vfio.P2PMapper
 	if !vm.cfg.Passthrough.NoP2P {
 		p2p = p2pLogger{ctr: pt.ctr, log: vm.log, slow: slowP2PMap}
@@ -397,6 +417,8 @@ func (vm *VM) closePassthrough() error {
 		return nil
 	}
 	var errs []error
+	closeDeviceFiles(pt.files)
+	pt.files = nil
 	for _, pd := range pt.pcidevs {
 		// What the guest's BAR accesses cost: MSI-X table/PBA accesses
 		// trap by design, any other count is an exit a memslot should
