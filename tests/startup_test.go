@@ -1,0 +1,89 @@
+//go:build integration
+
+package tests
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hpcvmm/hpcvmm/tests/harness"
+)
+
+// TestStartupTimeline boots a guest with the NVMe VF passed through (its
+// VFIO open resets it: a function-level reset, as a GPU's) and reads
+// hpcvmm's start-up timeline from `--log-level debug`: every setup step
+// with its start and duration, their sum (what a serial start-up costs),
+// the longest step, and process start → first KVM_RUN. Overlapped steps
+// must make the first KVM_RUN come before the sum of the steps: with the
+// steps run one after another it cannot.
+func TestStartupTimeline(t *testing.T) {
+	harness.Run(t, harness.ProfilePassthrough, func(t *testing.T, env *harness.Env) {
+		setDriver(t, harness.NVMeVFBDF, "vfio-pci")
+		t.Cleanup(func() { setDriver(t, harness.NVMeVFBDF, "") })
+
+		vm := env.StartVM(t, "run", "--log-level", "debug",
+			"--kernel", env.L2Kernel(t), "--initrd", env.L2Initrd(t),
+			"--cmdline", "console=ttyS0 reboot=k panic=-1 hpcvmm.scenario=boot",
+			"--cpus", "1", "--memory", "1G", "--hugepages", "1G",
+			"--vf", harness.NVMeVFBDF,
+		)
+		require.Equal(t, 0, vm.Wait(), "hpcvmm exit status")
+		require.Contains(t, vm.Console(), "HPCVMM-GUEST-MARKER done", "the guest's /init did not finish")
+		log := vm.Log()
+
+		type span struct {
+			name     string
+			at, took time.Duration
+		}
+		var spans []span
+		var sum time.Duration
+		for _, r := range logRecords(log, "setup step") {
+			at, err1 := time.ParseDuration(r["at"])
+			took, err2 := time.ParseDuration(r["took"])
+			require.NoError(t, err1, "setup step %q: at=%q", r["step"], r["at"])
+			require.NoError(t, err2, "setup step %q: took=%q", r["step"], r["took"])
+			spans = append(spans, span{r["step"], at, took})
+			sum += took
+		}
+		require.NotEmpty(t, spans, "no \"setup step\" lines at --log-level debug")
+		sort.SliceStable(spans, func(i, j int) bool { return spans[i].at < spans[j].at })
+		names := map[string]bool{}
+		var longest span
+		var b strings.Builder
+		for _, s := range spans {
+			names[s.name] = true
+			if s.took > longest.took {
+				longest = s
+			}
+			fmt.Fprintf(&b, "  %-24s start %9.3f ms  took %9.3f ms\n", s.name, ms(s.at), ms(s.took))
+		}
+		for _, want := range []string{"guest RAM", "KVM VM", "vCPUs", "VFIO open and reset", "DMA-map guest RAM", "load kernel"} {
+			assert.True(t, names[want], "setup step %q missing from the timeline", want)
+		}
+		tl := logRecord(log, "start-up timeline")
+		require.NotNil(t, tl, "no \"start-up timeline\" line")
+		first := logRecord(log, "first KVM_RUN")
+		require.NotNil(t, first, "no \"first KVM_RUN\" line")
+		firstRun, err := time.ParseDuration(first["since_start"])
+		require.NoError(t, err)
+		t.Logf("start-up timeline (process start = 0):\n%s  sum of steps %.3f ms, longest step %q %.3f ms, first KVM_RUN %.3f ms",
+			b.String(), ms(sum), longest.name, ms(longest.took), ms(firstRun))
+		env.Record(t, "startup_sum_of_steps_ms", fmt.Sprintf("%.3f", ms(sum)))
+		env.Record(t, "startup_longest_step", longest.name)
+		env.Record(t, "startup_longest_step_ms", fmt.Sprintf("%.3f", ms(longest.took)))
+		env.Record(t, "first_kvm_run_since_start_ms", fmt.Sprintf("%.3f", ms(firstRun)))
+		for _, s := range spans {
+			env.Record(t, "step "+s.name, fmt.Sprintf("start=%.3fms took=%.3fms", ms(s.at), ms(s.took)))
+		}
+		assert.GreaterOrEqual(t, firstRun, longest.took, "the first KVM_RUN cannot come before the longest step ended")
+		assert.Less(t, firstRun, sum, "process start → first KVM_RUN is not below the sum of the setup steps: nothing overlapped")
+	})
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
