@@ -226,38 +226,74 @@ func (vm *VM) mpOptions() boot.MPOptions {
 }
 
 // openPassthrough opens the VFIO container shared by every device, the
-// KVM-VFIO device, and each device's file: opening a device resets it
-// (seconds on a real GPU). The files wait in pt.files for
-// addPassthroughDevices.
-func (vm *VM) openPassthrough() error {
+// KVM-VFIO device, and each device's file. Opening a device resets it
+// (seconds on a real GPU), so the devices are opened concurrently, each a
+// step of the timeline. The files wait in pt.files for
+// addPassthroughDevices; Close closes those still there.
+func (vm *VM) openPassthrough(tl *timeline) error {
 	pt := vm.pt
 	if pt == nil {
 		return nil
 	}
-	var err error
-	if pt.ctr, err = iommu.Open(iommu.Options{}); err != nil {
-		return err
-	}
-	if err := setupFault("VFIO container"); err != nil {
-		return err
-	}
-	if pt.kv, err = vfio.NewKVMVFIO(vm.vm); err != nil {
-		return err
-	}
-	if err := setupFault("KVM-VFIO device"); err != nil {
-		return err
-	}
-	for _, dev := range pt.devs {
-		f, err := vfio.OpenDevice(pt.ctr, pt.kv, dev)
-		if err != nil {
+	err := tl.run("VFIO container", func() error {
+		var err error
+		if pt.ctr, err = iommu.Open(iommu.Options{}); err != nil {
 			return err
 		}
-		pt.files = append(pt.files, f)
-		if err := setupFault("open " + dev.BDF.String()); err != nil {
+		if err := setupFault("VFIO container"); err != nil {
 			return err
 		}
+		if pt.kv, err = vfio.NewKVMVFIO(vm.vm); err != nil {
+			return err
+		}
+		if err := setupFault("KVM-VFIO device"); err != nil {
+			return err
+		}
+		// Groups join the container and KVM one at a time (the first
+		// one sets the IOMMU type; KVMVFIO is not safe for concurrent
+		// use), before any device of theirs opens.
+		for _, dev := range pt.devs {
+			g, err := pt.ctr.AddGroup(dev.IOMMUGroup)
+			if err != nil {
+				return fmt.Errorf("vfio: open %s: %w", dev.BDF, err)
+			}
+			if err := pt.kv.AddGroup(g); err != nil {
+				return fmt.Errorf("vfio: open %s: %w", dev.BDF, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
-	return nil
+	files := make([]vfio.DeviceFile, len(pt.devs))
+	opens := make([]func() error, len(pt.devs))
+	for i, dev := range pt.devs {
+		opens[i] = func() error {
+			return tl.run("VFIO open and reset "+dev.BDF.String(), func() error {
+				// The group is in the container already: AddGroup
+				// only looks it up (under the container's lock).
+				g, err := pt.ctr.AddGroup(dev.IOMMUGroup)
+				if err != nil {
+					return fmt.Errorf("vfio: open %s: %w", dev.BDF, err)
+				}
+				f, err := g.DeviceFD(dev.BDF.String())
+				if err != nil {
+					return fmt.Errorf("vfio: open %s: %w", dev.BDF, err)
+				}
+				files[i] = f
+				return setupFault("open " + dev.BDF.String())
+			})
+		}
+	}
+	err = tl.concurrently(opens...)
+	// Every file opened, also beside a failure, goes where Close finds it.
+	for _, f := range files {
+		if f != nil {
+			pt.files = append(pt.files, f)
+		}
+	}
+	return err
 }
 
 // mapGuestRAM DMA-maps guest RAM into the container, once per region for
