@@ -99,12 +99,19 @@ func parseCPUMHz(cpuinfo string) int {
 // marker; at the marker it snapshots KVM's statistics for the VM and the
 // VMM's memory, then stops the VMM.
 func runLaunch(ctx context.Context, cfg Config, vmm string, rep int) Sample {
-	s := newSample(caseLaunch, vmm, cfg.Where, rep)
 	argv, err := launchArgv(cfg, vmm)
 	if err != nil {
+		s := newSample(caseLaunch, vmm, cfg.Where, rep)
 		s.Err = err.Error()
 		return s
 	}
+	return runBoot(ctx, cfg, caseLaunch, vmm, rep, argv, uint64(cfg.MemoryMiB)<<20)
+}
+
+// runBoot boots argv (vmm's command line for case c, with ramBytes of guest
+// RAM) once and measures it as runLaunch describes.
+func runBoot(ctx context.Context, cfg Config, c, vmm string, rep int, argv []string, ramBytes uint64) Sample {
+	s := newSample(c, vmm, cfg.Where, rep)
 	s.Info["argv"] = strings.Join(argv, " ")
 	cmd := exec.Command(argv[0], argv[1:]...)
 	stdout := newWatch(initMarker)
@@ -129,8 +136,10 @@ func runLaunch(ctx context.Context, cfg Config, vmm string, rep int) Sample {
 		} else {
 			s.Info["kvm_stats_error"] = err.Error()
 		}
-		if mi, err := readMemInfo("/proc", pid, uint64(cfg.MemoryMiB)<<20); err == nil {
+		if mi, err := readMemInfo("/proc", pid, ramBytes); err == nil {
 			s.Metrics[mRSS] = float64(mi.RSSKiB)
+			s.Metrics[mRSSAnon] = float64(mi.AnonKiB)
+			s.Metrics[mRSSFile] = float64(mi.FileKiB)
 			s.Metrics[mHWM] = float64(mi.HWMKiB)
 			if mi.HugetlbKiB > 0 {
 				s.Metrics[mHugetlb] = float64(mi.HugetlbKiB)

@@ -43,6 +43,8 @@ const (
 	mHugetlb           = "hugetlb_kib"             // of which HugetlbPages
 	mRSSGuest          = "guest_ram_rss_kib"       // resident part of the guest RAM mapping(s)
 	mRSSOverhead       = "overhead_rss_kib"        // VmRSS minus guest RAM: what the VMM itself costs
+	mRSSAnon           = "rss_anon_kib"            // RssAnon at the marker (heap, stacks)
+	mRSSFile           = "rss_file_kib"            // RssFile at the marker (binary and libraries)
 	mHWM               = "vmhwm_kib"               // peak RSS
 	mHPCVMMPrefault    = "hpcvmm_prefault_ms"      // hpcvmm log: prefault of the guest RAM
 	mGiBps             = "gib_per_s"               // prefault throughput

@@ -88,6 +88,8 @@ type memInfo struct {
 	RSSKiB      uint64 // VmRSS + HugetlbPages: hugetlb pages are in neither VmRSS nor smaps' Rss
 	HWMKiB      uint64 // VmHWM
 	HugetlbKiB  uint64 // HugetlbPages
+	AnonKiB     uint64 // RssAnon: the Go heap and stacks, malloc arenas
+	FileKiB     uint64 // RssFile: the binary's and libraries' pages in use
 	GuestRSSKiB uint64 // Rss + Shared_Hugetlb + Private_Hugetlb of the mappings identified as guest RAM
 	GuestMaps   int    // how many mappings those were
 }
@@ -117,6 +119,10 @@ func readMemInfo(procRoot string, pid int, ramBytes uint64) (memInfo, error) {
 			mi.HWMKiB = parseKiB(v)
 		case "HugetlbPages":
 			mi.HugetlbKiB = parseKiB(v)
+		case "RssAnon":
+			mi.AnonKiB = parseKiB(v)
+		case "RssFile":
+			mi.FileKiB = parseKiB(v)
 		}
 	}
 	mi.RSSKiB += mi.HugetlbKiB
