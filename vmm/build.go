@@ -41,38 +41,37 @@ func (vm *VM) openKVM() error {
 	return nil
 }
 
-// build runs the steps from guest RAM to the devices on the PCI bus. What
-// does not depend on each other overlaps, so the time to the first
-// KVM_RUN approaches the longest branch rather than the sum of the steps:
+// build runs the steps from the KVM VM to the devices on the PCI bus. The
+// long steps that do not depend on each other overlap, so the time to the
+// first KVM_RUN approaches the longest branch rather than the sum of the
+// steps:
 //
-//	guest RAM (prefault) ──────────────┬──────────────┬──→ devices → (load kernel)
-//	KVM VM → vCPUs ──┬─────────────────┴→ RAM memslots │
-//	bind devices ────┴→ VFIO open and reset (per device, concurrently) → DMA-map guest RAM
+//	KVM VM → vCPUs → ┬ guest RAM (prefault) ─────────────────────────────┬→ RAM memslots → devices → (load kernel)
+//	                 └ bind devices → VFIO open and reset (per device) → DMA-map guest RAM ┘
 //
-// The KVM-VFIO device needs the VM, and a device is added to it before it
-// is opened (the kernel hands the VM to the device's driver at open, as
-// QEMU orders it); DMA mapping pins guest RAM, so it waits for the
-// prefault, whose NUMA binding must come before the first touch.
+// The KVM VM and its vCPUs come first, before the prefault rather than
+// beside it: creating the VM registers an MMU notifier and each vCPU maps
+// its kvm_run page, both under the process's mmap lock for writing, which
+// waits for every prefault worker's page clear in flight (the workers hold
+// it for reading) and meanwhile holds up the others. Measured in L1 with a
+// 1 GiB guest on 1 GiB pages: 159 ms and 41 ms one after the other, 974 ms
+// and 13.8 s beside the prefault. Both take milliseconds on their own.
+// The KVM-VFIO device needs the VM, and a device joins it before it is
+// opened (the kernel hands the VM to the device's driver at open, as QEMU
+// orders it); DMA mapping pins guest RAM, so it waits for the prefault,
+// whose NUMA binding must come before the first touch.
 func (vm *VM) build(tl *timeline, sysRoot, procRoot string) error {
-	ramReady, kvmReady := newGate(), newGate()
+	if err := tl.run("KVM VM", vm.createKVMVM); err != nil {
+		return err
+	}
+	if err := tl.run("vCPUs", vm.createVCPUs); err != nil {
+		return err
+	}
+	ramReady := newGate()
 	err := tl.concurrently(
 		func() (err error) {
 			defer func() { ramReady.open(err) }()
 			return tl.run("guest RAM", vm.setUpRAM)
-		},
-		func() error {
-			err := tl.run("KVM VM", vm.createKVMVM)
-			kvmReady.open(err)
-			if err != nil {
-				return err
-			}
-			if err := tl.run("vCPUs", vm.createVCPUs); err != nil {
-				return err
-			}
-			if err := ramReady.wait(); err != nil {
-				return err
-			}
-			return tl.run("RAM memslots", vm.addRAMSlots)
 		},
 		func() error {
 			if err := tl.run("bind devices", func() error { return vm.prepareHostDevices(sysRoot, procRoot) }); err != nil {
@@ -80,9 +79,6 @@ func (vm *VM) build(tl *timeline, sysRoot, procRoot string) error {
 			}
 			if vm.pt == nil {
 				return nil
-			}
-			if err := kvmReady.wait(); err != nil {
-				return err
 			}
 			if err := vm.openPassthrough(tl); err != nil {
 				return err
@@ -94,6 +90,9 @@ func (vm *VM) build(tl *timeline, sysRoot, procRoot string) error {
 		},
 	)
 	if err != nil {
+		return err
+	}
+	if err := tl.run("RAM memslots", vm.addRAMSlots); err != nil {
 		return err
 	}
 	return tl.run("devices", vm.addDevices)

@@ -125,7 +125,7 @@ func (t *timeline) summary() {
 var errDependencyFailed = errors.New("not done: a step it needs failed")
 
 // gate lets a concurrent step wait for another one part-way (DMA mapping
-// waits for guest RAM, opening VFIO devices for the KVM VM).
+// waits for guest RAM).
 type gate struct {
 	done chan struct{}
 	err  error // written before done is closed
