@@ -80,7 +80,7 @@ func newRunCommand() (*command, *runFlags) {
 
 	g = c.group("Console and logging")
 	g.Var(consoleValue{&f.cfg.Console}, "console", "where stdin/stdout go: virtio (guest /dev/hvc0), serial (the 16550 UART, guest ttyS0) or none; the UART always prints early boot messages")
-	g.Var(levelValue{&f.logLevel}, "log-level", "`LEVEL`: debug, info, warn or error")
+	g.Var(levelValue{&f.logLevel}, "log-level", "`LEVEL`: debug, info, warn or error (debug adds the start-up timeline: each setup step's start and duration)")
 	g.Var(seccompValue{&f.cfg.Seccomp}, "seccomp", "on: every thread under a syscall allow-list from before the first KVM_RUN, a syscall outside it kills hpcvmm with SIGSYS (dmesg names it); log: let it run and log it; off: no filter, for debugging")
 	g.DurationVar(&f.shutdownTimeout, "shutdown-timeout", f.shutdownTimeout, "`DURATION`: after SIGTERM/SIGINT, how long the guest has to power off after the ACPI power button before it is stopped hard")
 
