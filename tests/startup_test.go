@@ -3,17 +3,25 @@
 package tests
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/tests/harness"
+	"github.com/hpcvmm/hpcvmm/vmm"
 )
 
 // TestStartupTimeline boots a guest with the NVMe VF passed through (its
@@ -110,3 +118,120 @@ func find(spans []span, prefix string) *span {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// TestStartupUnwindsPassthrough fails vmm.New after each of its setup steps
+// in turn with the NVMe VF passed through and taken from no driver with
+// Bind, so the steps only a real VFIO device has (the driver binding, the
+// VFIO container, the device's open and reset, the DMA mapping) are
+// covered, each also while New's other branch (the prefault) is held
+// mid-way. After every failure the process holds no fd, mapping or
+// goroutine more than before, and the VF is back on no driver.
+func TestStartupUnwindsPassthrough(t *testing.T) {
+	harness.Run(t, harness.ProfilePassthrough, func(t *testing.T, env *harness.Env) {
+		setDriver(t, harness.NVMeVFBDF, "")
+		t.Cleanup(func() { setDriver(t, harness.NVMeVFBDF, "") })
+		cfg := vmm.DefaultConfig()
+		cfg.Kernel = env.L2Kernel(t)
+		cfg.Cmdline = "console=ttyS0"
+		cfg.CPUs = 1
+		cfg.Memory = 64 << 20
+		cfg.HugePages = guestmem.Page4K
+		cfg.Stdout = io.Discard
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		cfg.Passthrough.VFs = []string{harness.NVMeVFBDF}
+		cfg.Passthrough.Bind = true
+		cfg.Passthrough.StateDir = t.TempDir()
+
+		var mu sync.Mutex
+		var steps []string
+		vmm.SetSetupFaultHook(func(s string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			steps = append(steps, s)
+			return nil
+		})
+		t.Cleanup(func() { vmm.SetSetupFaultHook(nil) })
+		vm, err := vmm.New(cfg)
+		require.NoError(t, err, "the full build must succeed for the steps to mean anything")
+		assert.Equal(t, "vfio-pci", pciDriver(harness.NVMeVFBDF), "--bind took the VF")
+		require.NoError(t, vm.Close())
+		assert.Equal(t, "", pciDriver(harness.NVMeVFBDF), "the VF back on no driver after Close")
+		vmm.SetSetupFaultHook(nil)
+		for _, want := range []string{"bind devices", "VFIO container", "KVM-VFIO device", "open " + harness.NVMeVFBDF, "DMA-map guest RAM", "guest RAM"} {
+			assert.Contains(t, steps, want)
+		}
+
+		for _, hold := range []bool{false, true} {
+			for _, step := range steps {
+				before := processResources(t)
+				failed := make(chan struct{})
+				var once sync.Once
+				vmm.SetSetupFaultHook(func(s string) error {
+					if s == step {
+						once.Do(func() { close(failed) })
+						return errInjectedSetup
+					}
+					if hold {
+						select {
+						case <-failed:
+						case <-time.After(5 * time.Millisecond):
+						}
+					}
+					return nil
+				})
+				vm, err := vmm.New(cfg)
+				vmm.SetSetupFaultHook(nil)
+				if !assert.ErrorIs(t, err, errInjectedSetup, "step %q (others held: %v)", step, hold) {
+					if vm != nil {
+						vm.Close()
+					}
+					continue
+				}
+				after := processResources(t)
+				for deadline := time.Now().Add(2 * time.Second); after.goroutines > before.goroutines && time.Now().Before(deadline); {
+					time.Sleep(10 * time.Millisecond)
+					after = processResources(t)
+				}
+				assert.Equal(t, before.fds, after.fds, "fds after a failure at %q (others held: %v)", step, hold)
+				assert.Equal(t, before.maps, after.maps, "mappings after a failure at %q (others held: %v)", step, hold)
+				assert.Equal(t, before.goroutines, after.goroutines, "goroutines after a failure at %q (others held: %v)", step, hold)
+				assert.Equal(t, "", pciDriver(harness.NVMeVFBDF), "the VF's driver after a failure at %q (others held: %v)", step, hold)
+			}
+		}
+		env.Record(t, "unwind_steps", strings.Join(steps, ", "))
+	})
+}
+
+var errInjectedSetup = errors.New("injected setup failure")
+
+// resources is what a half-built VM could leak from this process.
+type resources struct {
+	fds, maps  []string
+	goroutines int
+}
+
+// processResources lists /proc/self/fd targets, the file- and
+// anon_inode-backed mappings (guest RAM's memfd, kvm_run, VFIO BARs) and
+// the goroutine count.
+func processResources(t *testing.T) resources {
+	t.Helper()
+	var r resources
+	ents, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	for _, e := range ents {
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil {
+			r.fds = append(r.fds, target)
+		}
+	}
+	maps, err := os.ReadFile("/proc/self/maps")
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(maps), "\n") {
+		if f := strings.Fields(line); len(f) >= 6 && !strings.HasPrefix(f[5], "[") {
+			r.maps = append(r.maps, strings.Join(f[5:], " "))
+		}
+	}
+	sort.Strings(r.fds)
+	sort.Strings(r.maps)
+	r.goroutines = runtime.NumGoroutine()
+	return r
+}
