@@ -134,7 +134,7 @@ func TestStartupUnwindsPassthrough(t *testing.T) {
 		cfg.Kernel = env.L2Kernel(t)
 		cfg.Cmdline = "console=ttyS0"
 		cfg.CPUs = 1
-		cfg.Memory = 64 << 20
+		cfg.Memory = 128 << 20 // the stock kernel needs 80 MiB of low RAM
 		cfg.HugePages = guestmem.Page4K
 		cfg.Stdout = io.Discard
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
