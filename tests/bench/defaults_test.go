@@ -92,3 +92,10 @@ func TestParseFlagsNewCases(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{caseLaunch, caseDefaults, caseMemory}, o.cases)
 }
+
+func TestLastGCTrace(t *testing.T) {
+	log := "time=... level=INFO msg=x\ngc 1 @0.010s 2%: 0.01+0.2+0.003 ms clock, 0.02+0.1/0.1/0+0.006 ms cpu, 3->3->1 MB, 4 MB goal, 0 MB stacks, 0 MB globals, 2 P\n" +
+		"gc 2 @5.1s 0%: 0.02+0.3+0.004 ms clock, 0.04+0/0.2/0+0.008 ms cpu, 1->1->0 MB, 1 MB goal, 0 MB stacks, 0 MB globals, 2 P (forced)\nlevel=INFO msg=y\n"
+	assert.True(t, strings.HasPrefix(lastGCTrace(log), "gc 2 @5.1s"), lastGCTrace(log))
+	assert.Empty(t, lastGCTrace("no collections here\n"))
+}

@@ -45,6 +45,8 @@ const (
 	mRSSOverhead       = "overhead_rss_kib"        // VmRSS minus guest RAM: what the VMM itself costs
 	mRSSAnon           = "rss_anon_kib"            // RssAnon at the marker (heap, stacks)
 	mRSSFile           = "rss_file_kib"            // RssFile at the marker (binary and libraries)
+	mThreads           = "threads"                 // the VMM's threads at the marker
+	mLargestAnon       = "rss_largest_anon_kib"    // the largest anonymous mapping's resident KiB (a Go VMM's heap arena)
 	mHWM               = "vmhwm_kib"               // peak RSS
 	mHPCVMMPrefault    = "hpcvmm_prefault_ms"      // hpcvmm log: prefault of the guest RAM
 	mGiBps             = "gib_per_s"               // prefault throughput

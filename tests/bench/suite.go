@@ -122,15 +122,15 @@ func runSuite(ctx context.Context, cfg Config, out sink) {
 	} else if cfg.wants(caseLaunch) {
 		out.note("launch cases: skipped on this host (no usable hardware /dev/kvm; they run inside L1)")
 	}
-	if canBoot && cfg.wants(caseDefaults) {
-		dctx, dcancel := context.WithDeadline(ctx, deadline.Add(-memoryReserve-prefaultReserve-netReserve-consoleReserve-lastReserve))
-		runDefaults(dctx, cfg, out)
-		dcancel()
-	}
 	if canBoot && cfg.wants(caseMemory) {
-		mctx, mcancel := context.WithDeadline(ctx, deadline.Add(-prefaultReserve-netReserve-consoleReserve-lastReserve))
+		mctx, mcancel := context.WithDeadline(ctx, deadline.Add(-defaultsReserve-prefaultReserve-netReserve-consoleReserve-lastReserve))
 		runMemory(mctx, cfg, out)
 		mcancel()
+	}
+	if canBoot && cfg.wants(caseDefaults) {
+		dctx, dcancel := context.WithDeadline(ctx, deadline.Add(-prefaultReserve-netReserve-consoleReserve-lastReserve))
+		runDefaults(dctx, cfg, out)
+		dcancel()
 	}
 	switch {
 	case !cfg.wants(caseNet):
