@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 
 	"github.com/hpcvmm/hpcvmm/host"
@@ -233,6 +234,16 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return rc
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: f.logLevel}))
+	// No transparent hugepages for the VMM's own memory. Where THP is
+	// "always" (Debian's kernels) every 2 MiB of the Go heap the VMM
+	// touches becomes a whole resident huge page: measured in the test
+	// bed, 3-5 MiB resident in the heap's mapping while the runtime's
+	// live heap was under 1 MiB. Guest RAM is hugetlb (or a shared
+	// memfd) and not affected. The flag holds for the process's later
+	// faults, so setting it before the VM is built is early enough.
+	if err := unix.Prctl(unix.PR_SET_THP_DISABLE, 1, 0, 0, 0); err != nil {
+		log.Debug("transparent hugepages stay on for the VMM's own memory", "err", err)
+	}
 	sysRoot := f.cfg.SysfsRoot
 	if sysRoot == "" {
 		sysRoot = "/sys"
