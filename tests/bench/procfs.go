@@ -85,17 +85,17 @@ func readStatDir(dir string) (map[string]float64, error) {
 
 // memInfo is what the suite reads from /proc/PID/status and smaps.
 type memInfo struct {
-	RSSKiB      uint64 // VmRSS + HugetlbPages: hugetlb pages are in neither VmRSS nor smaps' Rss
-	HWMKiB      uint64 // VmHWM
-	HugetlbKiB  uint64 // HugetlbPages
-	AnonKiB     uint64 // RssAnon: the Go heap and stacks, malloc arenas
-	FileKiB     uint64 // RssFile: the binary's and libraries' pages in use
-	Threads     uint64 // Threads
+	RSSKiB     uint64 // VmRSS + HugetlbPages: hugetlb pages are in neither VmRSS nor smaps' Rss
+	HWMKiB     uint64 // VmHWM
+	HugetlbKiB uint64 // HugetlbPages
+	AnonKiB    uint64 // RssAnon: the Go heap and stacks, malloc arenas
+	FileKiB    uint64 // RssFile: the binary's and libraries' pages in use
+	Threads    uint64 // Threads
 	// LargestAnonKiB is the largest Anonymous count of one mapping: in a
 	// Go VMM the heap arena, so RssAnon minus it is stacks and the rest.
 	LargestAnonKiB uint64
-	GuestRSSKiB uint64 // Rss + Shared_Hugetlb + Private_Hugetlb of the mappings identified as guest RAM
-	GuestMaps   int    // how many mappings those were
+	GuestRSSKiB    uint64 // Rss + Shared_Hugetlb + Private_Hugetlb of the mappings identified as guest RAM
+	GuestMaps      int    // how many mappings those were
 }
 
 // readMemInfo reads the VMM's resident memory and the resident part of its
