@@ -233,7 +233,8 @@ func renderMemory(rep *Report, ix statIndex, where, whereText string) string {
 	}
 	fmt.Fprintf(&b, "\n**hpcvmm memory beyond guest RAM at the /init marker, device by device** (MiB; VmRSS + HugetlbPages minus the "+
 		"resident guest RAM; %s; %d MiB guest on %s pages; each row adds one device to the row above; median (min–max) of the runs; "+
-		"RssAnon is the Go heap, stacks and runtime, RssFile the binary's pages in use)\n\n", whereText, rep.Config.MemoryMiB, rep.Config.launchPages())
+		"RssAnon is the Go heap, stacks and runtime, RssFile the binary's pages in use (inside L1 the binary lies on ramfs: "+
+		"its pages count as RssShmem and RssFile is about 0))\n\n", whereText, rep.Config.MemoryMiB, rep.Config.launchPages())
 	b.WriteString("| devices | beyond guest RAM | added by this device | RssAnon | RssFile | runs |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
 	prev, prevOK := Stat{}, false
 	for _, m := range memorySteps {
