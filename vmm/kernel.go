@@ -2,7 +2,6 @@ package vmm
 
 import (
 	"fmt"
-	"os"
 	"runtime/debug"
 	"time"
 
@@ -41,6 +40,9 @@ type kernelImage struct {
 	// heap (a miss). release gives either back once the kernel is loaded.
 	entry        *vmlinux.Entry
 	decompressed bool
+	// unmapImage releases cfg.Kernel's mapping, which a vmlinux ELF's
+	// segments and a bzImage booted by its own decompressor alias.
+	unmapImage func()
 }
 
 // openKernel reads and parses cfg.Kernel: a bzImage, or an uncompressed
@@ -48,13 +50,20 @@ type kernelImage struct {
 // (a directory another user may write is refused here, before the host
 // changes) and starts the cache lookup, or on a miss the decompression, in
 // a goroutine.
-func (vm *VM) openKernel() (*kernelImage, error) {
+func (vm *VM) openKernel() (_ *kernelImage, err error) {
 	cfg := &vm.cfg
-	image, err := os.ReadFile(cfg.Kernel)
+	// Mapped, not read: the image never lands on hpcvmm's heap (part of
+	// the VMM's own memory at the guest's /init otherwise).
+	image, unmap, err := mapFile(cfg.Kernel)
 	if err != nil {
 		return nil, fieldErr("Kernel", "%v", err)
 	}
-	ki := &kernelImage{done: make(chan struct{})}
+	ki := &kernelImage{done: make(chan struct{}), unmapImage: unmap}
+	defer func() {
+		if err != nil {
+			unmap()
+		}
+	}()
 	if boot.IsELF(image) {
 		v, err := boot.ParseVmlinux(image)
 		if err != nil {
@@ -151,6 +160,10 @@ func (ki *kernelImage) wait() (*boot.Kernel, error) {
 func (ki *kernelImage) release() {
 	<-ki.done
 	ki.boot = nil
+	if ki.unmapImage != nil {
+		ki.unmapImage()
+		ki.unmapImage = nil
+	}
 	if ki.entry != nil {
 		_ = ki.entry.Close()
 		ki.entry = nil

@@ -93,6 +93,9 @@ type passthrough struct {
 	ctr     *iommu.Container
 	kv      *vfio.KVMVFIO
 	pcidevs []*vfio.PCIDevice
+	// files are the devices opened by openPassthrough and not yet handed
+	// to a PCIDevice (addPassthroughDevices); Close closes them.
+	files []vfio.DeviceFile
 	// topo is where the devices sit in the guest's PCI tree (topology.go).
 	topo ptTopology
 }
@@ -222,48 +225,89 @@ func (vm *VM) mpOptions() boot.MPOptions {
 	return opts
 }
 
-// addPassthroughDevices opens every device through one VFIO container
-// shared by all of them, DMA-maps guest RAM into it once per region, and
-// puts the devices on the PCI bus.
-func (vm *VM) addPassthroughDevices() error {
+// openPassthrough opens the VFIO container shared by every device, the
+// KVM-VFIO device, and each device's file. Opening a device resets it
+// (seconds on a real GPU), so the devices are opened concurrently, each a
+// step of the timeline. The files wait in pt.files for
+// addPassthroughDevices; Close closes those still there.
+func (vm *VM) openPassthrough(tl *timeline) error {
 	pt := vm.pt
 	if pt == nil {
 		return nil
 	}
-	var err error
-	if pt.ctr, err = iommu.Open(iommu.Options{}); err != nil {
-		return err
-	}
-	if err := setupFault("VFIO container"); err != nil {
-		return err
-	}
-	if pt.kv, err = vfio.NewKVMVFIO(vm.vm); err != nil {
-		return err
-	}
-	if err := setupFault("KVM-VFIO device"); err != nil {
-		return err
-	}
-	files := make([]vfio.DeviceFile, 0, len(pt.devs))
-	for _, dev := range pt.devs {
-		f, err := vfio.OpenDevice(pt.ctr, pt.kv, dev)
-		if err != nil {
-			closeDeviceFiles(files)
+	err := tl.run("VFIO container", func() error {
+		var err error
+		if pt.ctr, err = iommu.Open(iommu.Options{}); err != nil {
 			return err
 		}
-		files = append(files, f)
-		if err := setupFault("open " + dev.BDF.String()); err != nil {
-			closeDeviceFiles(files)
+		if err := setupFault("VFIO container"); err != nil {
 			return err
 		}
+		if pt.kv, err = vfio.NewKVMVFIO(vm.vm); err != nil {
+			return err
+		}
+		if err := setupFault("KVM-VFIO device"); err != nil {
+			return err
+		}
+		// Groups join the container and KVM one at a time (the first
+		// one sets the IOMMU type; KVMVFIO is not safe for concurrent
+		// use), before any device of theirs opens.
+		for _, dev := range pt.devs {
+			g, err := pt.ctr.AddGroup(dev.IOMMUGroup)
+			if err != nil {
+				return fmt.Errorf("vfio: open %s: %w", dev.BDF, err)
+			}
+			if err := pt.kv.AddGroup(g); err != nil {
+				return fmt.Errorf("vfio: open %s: %w", dev.BDF, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
-	// The IOMMU type is set when the first group joins the container, so
-	// guest RAM can be mapped only now: once, for all devices.
+	files := make([]vfio.DeviceFile, len(pt.devs))
+	opens := make([]func() error, len(pt.devs))
+	for i, dev := range pt.devs {
+		opens[i] = func() error {
+			return tl.run("VFIO open and reset "+dev.BDF.String(), func() error {
+				// The group is in the container already: AddGroup
+				// only looks it up (under the container's lock).
+				g, err := pt.ctr.AddGroup(dev.IOMMUGroup)
+				if err != nil {
+					return fmt.Errorf("vfio: open %s: %w", dev.BDF, err)
+				}
+				f, err := g.DeviceFD(dev.BDF.String())
+				if err != nil {
+					return fmt.Errorf("vfio: open %s: %w", dev.BDF, err)
+				}
+				files[i] = f
+				return setupFault("open " + dev.BDF.String())
+			})
+		}
+	}
+	err = tl.concurrently(opens...)
+	// Every file opened, also beside a failure, goes where Close finds it.
+	for _, f := range files {
+		if f != nil {
+			pt.files = append(pt.files, f)
+		}
+	}
+	return err
+}
+
+// mapGuestRAM DMA-maps guest RAM into the container, once per region for
+// all devices. The IOMMU type is set when the first group joins the
+// container, so this follows openPassthrough.
+func (vm *VM) mapGuestRAM() error {
+	pt := vm.pt
+	if pt == nil {
+		return nil
+	}
 	if err := pt.ctr.MapGuestRAM(vm.mem.Regions()); err != nil {
-		closeDeviceFiles(files)
 		return err
 	}
 	if err := setupFault("DMA-map guest RAM"); err != nil {
-		closeDeviceFiles(files)
 		return err
 	}
 	var took time.Duration
@@ -277,6 +321,18 @@ func (vm *VM) addPassthroughDevices() error {
 	vm.log.Info("guest RAM DMA-mapped", "map_dma_calls", pt.ctr.MapCalls(), "regions", len(vm.mem.Regions()),
 		"took", took.Round(time.Microsecond))
 	vm.log.Info("VFIO container shared by all passed-through devices", "containers", 1, "devices", len(pt.devs))
+	return nil
+}
+
+// addPassthroughDevices puts the devices openPassthrough opened on the PCI
+// bus, handing their files to addPassthroughFiles.
+func (vm *VM) addPassthroughDevices() error {
+	pt := vm.pt
+	if pt == nil {
+		return nil
+	}
+	files := pt.files
+	pt.files = nil
 	var p2p vfio.P2PMapper
 	if !vm.cfg.Passthrough.NoP2P {
 		p2p = p2pLogger{ctr: pt.ctr, log: vm.log, slow: slowP2PMap}
@@ -397,6 +453,8 @@ func (vm *VM) closePassthrough() error {
 		return nil
 	}
 	var errs []error
+	closeDeviceFiles(pt.files)
+	pt.files = nil
 	for _, pd := range pt.pcidevs {
 		// What the guest's BAR accesses cost: MSI-X table/PBA accesses
 		// trap by design, any other count is an exit a memslot should

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -186,7 +187,13 @@ func TestNewUnwindsEveryPartialSetup(t *testing.T) {
 		// A full build first: it names the steps, and warms up what the
 		// runtime opens once per process (the netpoller's epoll fd).
 		var steps []string
-		faultHook = func(step string) error { steps = append(steps, step); return nil }
+		var mu sync.Mutex // New reports steps from its concurrent branches
+		faultHook = func(step string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			steps = append(steps, step)
+			return nil
+		}
 		vm, err := New(cfg)
 		if !assert.NoError(t, err, "the full build must succeed for the steps to mean anything") {
 			return
@@ -198,39 +205,56 @@ func TestNewUnwindsEveryPartialSetup(t *testing.T) {
 			assert.Contains(t, steps, "virtio-net "+unwindTAP+"0")
 		}
 
-		for _, step := range steps {
-			before, err := snapshotResources()
-			if !assert.NoError(t, err) {
-				return
-			}
-			faultHook = func(s string) error {
-				if s == step {
-					return errInjected
+		// Two passes: the failure as it falls, and the failure while
+		// every other step New runs is held at its end (waiting until
+		// the failure happened, or briefly where it never comes), so a
+		// failure in one of New's concurrent branches meets the others
+		// mid-way with their resources taken.
+		for _, holdOthers := range []bool{false, true} {
+			for _, step := range steps {
+				before, err := snapshotResources()
+				if !assert.NoError(t, err) {
+					return
 				}
-				return nil
-			}
-			vm, err := New(cfg)
-			faultHook = nil
-			if !assert.ErrorIs(t, err, errInjected, "step %q", step) {
-				if vm != nil {
-					vm.Close()
+				failed := make(chan struct{})
+				var once sync.Once
+				faultHook = func(s string) error {
+					if s == step {
+						once.Do(func() { close(failed) })
+						return errInjected
+					}
+					if holdOthers {
+						select {
+						case <-failed:
+						case <-time.After(5 * time.Millisecond):
+						}
+					}
+					return nil
 				}
-				continue
+				vm, err := New(cfg)
+				faultHook = nil
+				if !assert.ErrorIs(t, err, errInjected, "step %q (others held: %v)", step, holdOthers) {
+					if vm != nil {
+						vm.Close()
+					}
+					continue
+				}
+				assert.NotContains(t, err.Error(), errDependencyFailed.Error(), "New reports the failure, not the steps that waited for it")
+				assert.Nil(t, vm)
+				after, err := snapshotResources()
+				deadline := time.Now().Add(2 * time.Second)
+				for err == nil && after.Goroutines > before.Goroutines && time.Now().Before(deadline) {
+					time.Sleep(10 * time.Millisecond) // exiting workers
+					after, err = snapshotResources()
+				}
+				if !assert.NoError(t, err) {
+					return
+				}
+				assert.Equal(t, before.FDs, after.FDs, "open fds after a failure at %q (others held: %v)", step, holdOthers)
+				assert.Equal(t, before.Mappings, after.Mappings, "mappings after a failure at %q (others held: %v)", step, holdOthers)
+				assert.Equal(t, before.TAPs, after.TAPs, "TAPs after a failure at %q (others held: %v)", step, holdOthers)
+				assert.Equal(t, before.Goroutines, after.Goroutines, "goroutines after a failure at %q (others held: %v)", step, holdOthers)
 			}
-			assert.Nil(t, vm)
-			after, err := snapshotResources()
-			deadline := time.Now().Add(2 * time.Second)
-			for err == nil && after.Goroutines > before.Goroutines && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Millisecond) // exiting workers
-				after, err = snapshotResources()
-			}
-			if !assert.NoError(t, err) {
-				return
-			}
-			assert.Equal(t, before.FDs, after.FDs, "open fds after a failure at %q", step)
-			assert.Equal(t, before.Mappings, after.Mappings, "mappings after a failure at %q", step)
-			assert.Equal(t, before.TAPs, after.TAPs, "TAPs after a failure at %q", step)
-			assert.Equal(t, before.Goroutines, after.Goroutines, "goroutines after a failure at %q", step)
 		}
 		t.Logf("injected a failure after each of %d setup steps: %s", len(steps), strings.Join(steps, ", "))
 	}

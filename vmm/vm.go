@@ -23,6 +23,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -73,10 +74,12 @@ type VM struct {
 	topology cputopo.Topology
 	windows  addrspace.Windows // the guest's BAR windows (addPCI)
 
-	kvm  *uapi.System
-	vm   *uapi.VM
-	mem  *guestmem.Memory
-	cpus []*vcpu
+	kvm *uapi.System
+	// supported is the CPUID KVM supports on this host (openKVM).
+	supported []uapi.CPUIDEntry
+	vm        *uapi.VM
+	mem       *guestmem.Memory
+	cpus      []*vcpu
 
 	pio, mmio                   bus.Bus
 	unhandledPIO, unhandledMMIO *platform.Unhandled
@@ -98,6 +101,12 @@ type VM struct {
 	stopped  chan struct{} // closed by the first stop
 	stopOnce sync.Once
 	reason   error // first reason the VM stopped; guarded by stopOnce
+
+	// prefaultCPUs and prefaultWorkers are where and by how many threads
+	// guest RAM is prefaulted (prefaultPlan, checked before the host
+	// changes).
+	prefaultCPUs    []int
+	prefaultWorkers int
 
 	start      time.Time
 	firstRun   atomic.Int64 // ns since start of the BSP's first KVM_RUN
@@ -136,8 +145,11 @@ func New(cfg Config) (_ *VM, err error) {
 		}
 	}()
 
+	tl := &timeline{start: start, log: log}
+	readStart := time.Now()
 	// On a kernel-cache miss the decompression runs from here on,
-	// alongside guest RAM's prefault; Load waits for it.
+	// alongside guest RAM's prefault and the devices' setup; the
+	// "load kernel" step waits for it.
 	ki, err := vm.openKernel()
 	if err != nil {
 		return nil, err
@@ -145,10 +157,14 @@ func New(cfg Config) (_ *VM, err error) {
 	defer ki.release() // the mapped or decompressed vmlinux, once it is in guest RAM
 	var initrd []byte
 	if cfg.Initrd != "" {
-		if initrd, err = os.ReadFile(cfg.Initrd); err != nil {
+		var releaseInitrd func()
+		initrd, releaseInitrd, err = mapFile(cfg.Initrd)
+		defer releaseInitrd()
+		if err != nil {
 			return nil, fieldErr("Initrd", "%v", err)
 		}
 	}
+	tl.mark("read kernel and initrd", readStart)
 	var ram []boot.RAMRange
 	for _, r := range addrspace.RAM(cfg.Memory) {
 		ram = append(ram, boot.RAMRange{GPA: r.GPA, Size: r.Size})
@@ -172,6 +188,7 @@ func New(cfg Config) (_ *VM, err error) {
 	if procRoot == "" {
 		procRoot = "/proc"
 	}
+	checkStart := time.Now()
 	h := host.New(sysRoot, procRoot)
 	devNode, err := vm.checkPassthrough(h)
 	if err != nil {
@@ -181,8 +198,7 @@ func New(cfg Config) (_ *VM, err error) {
 		return nil, err
 	}
 	// Checked here, with the placement, before anything on the host changes.
-	pfCPUs, pfWorkers, err := prefaultPlan(vm.place, cfg.PrefaultWorkers, affinity)
-	if err != nil {
+	if vm.prefaultCPUs, vm.prefaultWorkers, err = prefaultPlan(vm.place, cfg.PrefaultWorkers, affinity); err != nil {
 		return nil, err
 	}
 	if vm.topology, err = vm.chooseTopology(h); err != nil {
@@ -207,135 +223,24 @@ func New(cfg Config) (_ *VM, err error) {
 	if cfg.pageSize() == guestmem.Page4K {
 		log.Warn("guest RAM on 4 KiB pages: for development only; HPC guests lose TLB reach and VFIO needs many more DMA mappings (use --hugepages 1G)")
 	}
+	tl.mark("host checks", checkStart)
 
-	if vm.kvm, err = uapi.OpenKVM(); err != nil {
+	if err := tl.run("open KVM", func() error { return vm.openKVM() }); err != nil {
 		return nil, err
 	}
-	if err := setupFault("open /dev/kvm"); err != nil {
+	if err := vm.build(tl, sysRoot, procRoot); err != nil {
 		return nil, err
 	}
-	if err := vm.kvm.RequireCaps(RequiredKVMCaps...); err != nil {
-		return nil, err
-	}
-	if maxCPUs, err := vm.kvm.CheckExtension(uapi.CapMaxVCPUs); err == nil && maxCPUs > 0 && cfg.CPUs > maxCPUs {
-		return nil, fieldErr("CPUs", "%d vCPUs: KVM on this host allows at most %d", cfg.CPUs, maxCPUs)
-	}
-	supported, err := vm.kvm.SupportedCPUID()
-	if err != nil {
-		return nil, err
-	}
-	log.Debug("host CPU", "physical_address_bits", physAddrBits(supported))
-
-	// Guest RAM: reserved, bound and prefaulted before the VM exists, so
-	// a short hugepage pool fails here and not as a SIGBUS in the guest.
-	memStart := time.Now()
-	vm.mem, err = guestmem.New(guestmem.Options{
-		Size:         cfg.Memory,
-		PageSize:     cfg.pageSize(),
-		Node:         vm.place.node,
-		PrefaultCPUs: pfCPUs,
-		Workers:      pfWorkers,
-		Progress:     cfg.Progress,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("guest RAM: %w", err)
-	}
-	if err := setupFault("guest RAM"); err != nil {
-		return nil, err
-	}
-	d, workers := vm.mem.PrefaultStats()
-	log.Info("guest RAM ready", "size", guestmem.FormatSize(cfg.Memory), "page", cfg.pageSize().String(),
-		"prefault", d.Round(time.Millisecond), "workers", workers, "setup", time.Since(memStart).Round(time.Millisecond))
-
-	if vm.vm, err = vm.kvm.CreateVM(); err != nil {
-		return nil, err
-	}
-	if err := setupFault("create VM"); err != nil {
-		return nil, err
-	}
-	if err := vm.vm.SetTSSAddr(tssAddr); err != nil {
-		return nil, err
-	}
-	if err := vm.vm.SetIdentityMapAddr(identityMapAddr); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOTTY) {
-		return nil, err
-	}
-	if err := vm.vm.CreateIRQChip(); err != nil {
-		return nil, err
-	}
-	if err := setupFault("create IRQ chip"); err != nil {
-		return nil, err
-	}
-	if err := vm.enableX2APIC(); err != nil {
-		return nil, err
-	}
-	if err := vm.vm.CreatePIT2(); err != nil {
-		return nil, err
-	}
-	if err := setupFault("create PIT"); err != nil {
-		return nil, err
-	}
-	for i, r := range vm.mem.Regions() {
-		if err := vm.vm.SetUserMemoryRegion(uapi.UserspaceMemoryRegion{
-			Slot: uint32(i), GuestPhysAddr: r.GPA, Memory: r.Data,
-		}); err != nil {
-			return nil, err
-		}
-		if err := setupFault(fmt.Sprintf("RAM memslot %d", i)); err != nil {
-			return nil, err
-		}
-	}
-	vm.slots = &memslots{vm: vm.vm, next: uint32(len(vm.mem.Regions()))}
-
-	if err := vm.bindDevices(sysRoot, procRoot); err != nil {
-		return nil, err
-	}
-	if err := setupFault("bind devices"); err != nil {
-		return nil, err
-	}
-	if err := vm.setVFIdentities(sysRoot, procRoot); err != nil {
-		return nil, err
-	}
-	if err := vm.addPlatformDevices(); err != nil {
-		return nil, err
-	}
-	if err := vm.addPCI(physAddrBits(supported)); err != nil {
-		return nil, fmt.Errorf("PCI: %w", err)
-	}
-	if err := vm.writeNCCLTopology(supported); err != nil {
-		return nil, err
-	}
-	kernel, err := ki.wait()
-	if err != nil {
-		return nil, err
-	}
-	params := boot.Params{Kernel: kernel, Initrd: initrd, Cmdline: cfg.Cmdline, RAM: ram, CPUs: cfg.CPUs, MP: vm.mpOptions()}
-	if !cfg.NoACPI {
-		if params.ACPI, err = vm.acpiTables(vm.windows); err != nil {
-			return nil, fmt.Errorf("ACPI tables: %w", err)
-		}
-		// Linux uses MMCONFIG only where the firmware reserved it.
-		params.Reserved = []boot.E820Entry{{Addr: addrspace.ECAMBase, Size: pci.ECAMSize}}
-	}
-	bsp, err := boot.Load(vm.mem, params)
-	if err != nil {
-		return nil, fmt.Errorf("load kernel: %w", err)
-	}
-	if err := setupFault("load kernel"); err != nil {
-		return nil, err
-	}
-	for i := 0; i < cfg.CPUs; i++ {
-		c, err := vm.newVCPU(i, supported)
+	if err := tl.run("load kernel", func() error {
+		kernel, err := ki.wait()
 		if err != nil {
-			return nil, err
+			return err
 		}
-		vm.cpus = append(vm.cpus, c)
-	}
-	if err := setBootRegisters(vm.cpus[0].cpu, bsp); err != nil {
+		return vm.loadKernel(kernel, initrd, ram)
+	}); err != nil {
 		return nil, err
 	}
-	if err := setupFault("boot registers"); err != nil {
-		return nil, err
-	}
+	tl.summary()
 	log.Debug("VM built", "elapsed", time.Since(start).Round(time.Microsecond))
 	return vm, nil
 }
@@ -478,6 +383,13 @@ func (vm *VM) Run(ctx context.Context) error {
 	if vm.cfg.Console == ConsoleSerial && vm.cfg.Stdin != nil {
 		go vm.feedSerial(vm.cfg.Stdin)
 	}
+	// What setup allocated and dropped (device models' scratch, the
+	// preflight report, sysfs reads) goes back to the host now, while
+	// the guest boots, rather than when the runtime's background
+	// scavenger gets to it: the VMM's resident memory is overhead on the
+	// node for the guest's whole life, and the running VM allocates
+	// almost nothing after this.
+	debug.FreeOSMemory()
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	select {

@@ -68,12 +68,12 @@ VmFlags: rd wr mr mw me ac sd
 `
 
 func TestGuestRSSFromSmaps(t *testing.T) {
-	rss, n, err := guestRSSFromSmaps(bufio.NewScanner(strings.NewReader(smapsSample)), 512<<20)
+	rss, n, _, err := guestRSSFromSmaps(bufio.NewScanner(strings.NewReader(smapsSample)), 512<<20)
 	require.NoError(t, err)
 	assert.Equal(t, 1, n, "only the 512 MiB mapping is guest RAM; the 8 MiB stack is not")
 	assert.Equal(t, uint64(524288), rss)
 
-	_, n, err = guestRSSFromSmaps(bufio.NewScanner(strings.NewReader(smapsSample)), 4<<30)
+	_, n, _, err = guestRSSFromSmaps(bufio.NewScanner(strings.NewReader(smapsSample)), 4<<30)
 	require.NoError(t, err)
 	assert.Equal(t, 0, n, "no mapping of a 4 GiB guest's size")
 }

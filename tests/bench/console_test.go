@@ -199,7 +199,7 @@ VmFlags: rd wr sh mr mw me ms de ht sd
 `
 
 func TestHugetlbCountsAsResident(t *testing.T) {
-	rss, n, err := guestRSSFromSmaps(bufio.NewScanner(strings.NewReader(smapsHugetlb)), 512<<20)
+	rss, n, _, err := guestRSSFromSmaps(bufio.NewScanner(strings.NewReader(smapsHugetlb)), 512<<20)
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
 	assert.Equal(t, uint64(524288), rss, "hugetlb pages are not in smaps' Rss")

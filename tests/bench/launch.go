@@ -139,14 +139,26 @@ func primeKernelCache(kernel string) (time.Duration, error) {
 // marker; at the marker it snapshots KVM's statistics for the VM and the
 // VMM's memory, then stops the VMM.
 func runLaunch(ctx context.Context, cfg Config, vmm string, rep int) Sample {
-	s := newSample(caseLaunch, vmm, cfg.Where, rep)
 	argv, err := launchArgv(cfg, vmm)
 	if err != nil {
+		s := newSample(caseLaunch, vmm, cfg.Where, rep)
 		s.Err = err.Error()
 		return s
 	}
+	return runBoot(ctx, cfg, caseLaunch, vmm, rep, argv, uint64(cfg.MemoryMiB)<<20)
+}
+
+// runBoot boots argv (vmm's command line for case c, with ramBytes of guest
+// RAM) once and measures it as runLaunch describes.
+func runBoot(ctx context.Context, cfg Config, c, vmm string, rep int, argv []string, ramBytes uint64) Sample {
+	s := newSample(c, vmm, cfg.Where, rep)
 	s.Info["argv"] = strings.Join(argv, " ")
 	cmd := exec.Command(argv[0], argv[1:]...)
+	if strings.HasPrefix(c, caseMemory+"/") {
+		// The Go runtime's own account of the heap at each collection,
+		// next to the kernel's of the process: what the breakdown needs.
+		cmd.Env = append(os.Environ(), "GODEBUG=gctrace=1")
+	}
 	stdout := newWatch(initMarker)
 	stderr := newWatch("first KVM_RUN")
 	cmd.Stdout, cmd.Stderr = stdout, stderr
@@ -169,9 +181,13 @@ func runLaunch(ctx context.Context, cfg Config, vmm string, rep int) Sample {
 		} else {
 			s.Info["kvm_stats_error"] = err.Error()
 		}
-		if mi, err := readMemInfo("/proc", pid, uint64(cfg.MemoryMiB)<<20); err == nil {
+		if mi, err := readMemInfo("/proc", pid, ramBytes); err == nil {
 			s.Metrics[mRSS] = float64(mi.RSSKiB)
+			s.Metrics[mRSSAnon] = float64(mi.AnonKiB)
+			s.Metrics[mRSSFile] = float64(mi.FileKiB)
 			s.Metrics[mHWM] = float64(mi.HWMKiB)
+			s.Metrics[mThreads] = float64(mi.Threads)
+			s.Metrics[mLargestAnon] = float64(mi.LargestAnonKiB)
 			if mi.HugetlbKiB > 0 {
 				s.Metrics[mHugetlb] = float64(mi.HugetlbKiB)
 			}
@@ -223,6 +239,9 @@ func runLaunch(ctx context.Context, cfg Config, vmm string, rep int) Sample {
 			}
 		}
 	}
+	if gc := lastGCTrace(log); gc != "" {
+		s.Info["gctrace_last"] = gc
+	}
 	if g := guestUptimeAtInit(stdout.String()); g >= 0 {
 		s.Metrics[mGuestUptimeAtInit] = g
 	}
@@ -238,6 +257,18 @@ func runLaunch(ctx context.Context, cfg Config, vmm string, rep int) Sample {
 			time.Since(start).Round(time.Millisecond), tail(stdout.String(), 600), tail(log, 600))
 	}
 	return s
+}
+
+// lastGCTrace returns the last GODEBUG=gctrace=1 line in a VMM's stderr
+// ("gc N @Ts P%: ... A->B->C MB, D MB goal, ..."), or "".
+func lastGCTrace(stderr string) string {
+	last := ""
+	for _, l := range strings.Split(stderr, "\n") {
+		if strings.HasPrefix(l, "gc ") && strings.Contains(l, "MB goal") {
+			last = l
+		}
+	}
+	return last
 }
 
 // waitMarker waits for the init marker. It gives up when the VMM exits,

@@ -8,7 +8,10 @@
 // Cases (issue 8): launch to the guest's /init marker (1 vCPU, 512 MiB on
 // prefaulted 2 MiB hugetlb pages for hpcvmm and QEMU, or 4 KiB pages with
 // -launch-pages 4K; the same stock kernel, initramfs and command line for
-// every VMM); process start to the first KVM_RUN (hpcvmm); guest RAM
+// every VMM); the same launch with each VMM's defaults (no tuning flags;
+// 1 vCPU/1 GiB and 4 vCPUs/4 GiB; hpcvmm and QEMU microvm); hpcvmm's memory
+// beyond guest RAM with its devices added one at a time; process start to
+// the first KVM_RUN (hpcvmm); guest RAM
 // prefault throughput by page size and worker count, against QEMU's memory
 // backend with the same options; KVM exits by reason during boot and during
 // a virtio-net and a virtio-console transfer from KVM's own statistics; the
@@ -96,7 +99,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.memoryMiB, "memory", o.memoryMiB, "guest RAM of the launch case in MiB")
 	fs.StringVar(&o.render, "render", "", "only re-render the Markdown of an earlier bench-*.json to stdout")
 	fs.StringVar(&o.launchPages, "launch-pages", o.launchPages, "guest RAM of the booting cases: 2M (hpcvmm --hugepages 2M, QEMU a prefaulted 2 MiB hugetlb memfd backend) or 4K (hpcvmm --hugepages none, QEMU its default RAM)")
-	cases := fs.String("cases", "", "comma-separated cases to run: launch, net, console, prefault, dma-map, prefault-scaling (default: all; prefault-scaling alone builds nothing and needs only hugepages)")
+	cases := fs.String("cases", "", "comma-separated cases to run: launch, defaults, memory, net, console, prefault, dma-map, prefault-scaling (default: all; prefault-scaling alone builds nothing and needs only hugepages)")
 	fs.IntVar(&o.scaling.gib, "scaling-gib", o.scaling.gib, "prefault-scaling: guest RAM per run in GiB (the case is specified at 16 or more)")
 	fs.IntVar(&o.scaling.node, "scaling-node", o.scaling.node, "prefault-scaling: NUMA node for the RAM and the workers' CPUs (-1: the node of the first CPU this process may use)")
 	fs.IntVar(&o.scaling.rounds, "scaling-rounds", o.scaling.rounds, "prefault-scaling: measured rounds per worker count and page size")
@@ -108,10 +111,10 @@ func parseFlags(args []string) (options, error) {
 	if *cases != "" {
 		for _, c := range strings.Split(*cases, ",") {
 			switch c = strings.TrimSpace(c); c {
-			case caseLaunch, caseNet, caseConsole, casePrefault, caseDMAMap, casePrefaultScaling:
+			case caseLaunch, caseDefaults, caseMemory, caseNet, caseConsole, casePrefault, caseDMAMap, casePrefaultScaling:
 				o.cases = append(o.cases, c)
 			default:
-				return o, fmt.Errorf("-cases: unknown case %q: want launch, net, console, prefault, dma-map or prefault-scaling", c)
+				return o, fmt.Errorf("-cases: unknown case %q: want launch, defaults, memory, net, console, prefault, dma-map or prefault-scaling", c)
 			}
 		}
 	}

@@ -47,6 +47,10 @@ const (
 	mHugetlb           = "hugetlb_kib"             // of which HugetlbPages
 	mRSSGuest          = "guest_ram_rss_kib"       // resident part of the guest RAM mapping(s)
 	mRSSOverhead       = "overhead_rss_kib"        // VmRSS minus guest RAM: what the VMM itself costs
+	mRSSAnon           = "rss_anon_kib"            // RssAnon at the marker (heap, stacks)
+	mRSSFile           = "rss_file_kib"            // RssFile at the marker (binary and libraries)
+	mThreads           = "threads"                 // the VMM's threads at the marker
+	mLargestAnon       = "rss_largest_anon_kib"    // the largest anonymous mapping's resident KiB (a Go VMM's heap arena)
 	mHWM               = "vmhwm_kib"               // peak RSS
 	mHPCVMMPrefault    = "hpcvmm_prefault_ms"      // hpcvmm log: prefault of the guest RAM
 	mHPCVMMKernel      = "hpcvmm_kernel_ms"        // hpcvmm log: kernel cache read and SHA-256 check (or decompression)

@@ -238,6 +238,11 @@ func runInL1(ctx context.Context, o options, art harness.L1Artifacts, inner stri
 	l1.NetReps = o.reps // each run is a full boot plus two transfers
 	l1.NetTimeout = 100 * time.Second
 	l1.ConsoleSec = 45 * o.reps
+	// The defaults case: 2 guest sizes × 2 VMMs × reps boots of 15-40 s
+	// in L1 (the 4 GiB guests prefault or fault 4 GiB under emulation);
+	// the memory case: 4 configurations × reps launch-case boots.
+	l1.DefaultsSec = 120 * min(3, o.reps)
+	l1.MemorySec = 60 * min(3, o.reps)
 	l1.DMA = ""
 	l1.DMAMap = l1DMAMap(o.reps)
 	// Two runs per prefault case: six cases of two VMMs, each run

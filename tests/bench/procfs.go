@@ -85,11 +85,17 @@ func readStatDir(dir string) (map[string]float64, error) {
 
 // memInfo is what the suite reads from /proc/PID/status and smaps.
 type memInfo struct {
-	RSSKiB      uint64 // VmRSS + HugetlbPages: hugetlb pages are in neither VmRSS nor smaps' Rss
-	HWMKiB      uint64 // VmHWM
-	HugetlbKiB  uint64 // HugetlbPages
-	GuestRSSKiB uint64 // Rss + Shared_Hugetlb + Private_Hugetlb of the mappings identified as guest RAM
-	GuestMaps   int    // how many mappings those were
+	RSSKiB     uint64 // VmRSS + HugetlbPages: hugetlb pages are in neither VmRSS nor smaps' Rss
+	HWMKiB     uint64 // VmHWM
+	HugetlbKiB uint64 // HugetlbPages
+	AnonKiB    uint64 // RssAnon: the Go heap and stacks, malloc arenas
+	FileKiB    uint64 // RssFile: the binary's and libraries' pages in use
+	Threads    uint64 // Threads
+	// LargestAnonKiB is the largest Anonymous count of one mapping: in a
+	// Go VMM the heap arena, so RssAnon minus it is stacks and the rest.
+	LargestAnonKiB uint64
+	GuestRSSKiB    uint64 // Rss + Shared_Hugetlb + Private_Hugetlb of the mappings identified as guest RAM
+	GuestMaps      int    // how many mappings those were
 }
 
 // readMemInfo reads the VMM's resident memory and the resident part of its
@@ -117,6 +123,12 @@ func readMemInfo(procRoot string, pid int, ramBytes uint64) (memInfo, error) {
 			mi.HWMKiB = parseKiB(v)
 		case "HugetlbPages":
 			mi.HugetlbKiB = parseKiB(v)
+		case "RssAnon":
+			mi.AnonKiB = parseKiB(v)
+		case "RssFile":
+			mi.FileKiB = parseKiB(v)
+		case "Threads":
+			mi.Threads = parseKiB(v)
 		}
 	}
 	mi.RSSKiB += mi.HugetlbKiB
@@ -125,13 +137,13 @@ func readMemInfo(procRoot string, pid int, ramBytes uint64) (memInfo, error) {
 		return mi, fmt.Errorf("reading %s/smaps: %w", base, err)
 	}
 	defer f.Close()
-	mi.GuestRSSKiB, mi.GuestMaps, err = guestRSSFromSmaps(bufio.NewScanner(f), ramBytes)
+	mi.GuestRSSKiB, mi.GuestMaps, mi.LargestAnonKiB, err = guestRSSFromSmaps(bufio.NewScanner(f), ramBytes)
 	return mi, err
 }
 
 // guestRSSFromSmaps sums the resident memory of the guest-RAM-sized
 // mappings in smaps: Rss, plus the hugetlb pages, which smaps counts apart.
-func guestRSSFromSmaps(sc *bufio.Scanner, ramBytes uint64) (rssKiB uint64, n int, err error) {
+func guestRSSFromSmaps(sc *bufio.Scanner, ramBytes uint64) (rssKiB uint64, n int, largestAnonKiB uint64, err error) {
 	lo, hi := ramBytes/8*7, ramBytes+64<<20
 	inGuest := false
 	for sc.Scan() {
@@ -150,6 +162,9 @@ func guestRSSFromSmaps(sc *bufio.Scanner, ramBytes uint64) (rssKiB uint64, n int
 			}
 			continue
 		}
+		if v, ok := strings.CutPrefix(line, "Anonymous:"); ok && !inGuest {
+			largestAnonKiB = max(largestAnonKiB, parseKiB(v))
+		}
 		if !inGuest {
 			continue
 		}
@@ -159,7 +174,7 @@ func guestRSSFromSmaps(sc *bufio.Scanner, ramBytes uint64) (rssKiB uint64, n int
 			}
 		}
 	}
-	return rssKiB, n, sc.Err()
+	return rssKiB, n, largestAnonKiB, sc.Err()
 }
 
 // parseKiB parses "   1234 kB".

@@ -216,6 +216,9 @@ func renderMarkdown(rep *Report) string {
 		fmt.Fprintf(&b, "| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %s |\n", v, st.Median/1024, st.Min/1024, st.Max/1024, rss.Median/1024, g.Median/1024, r)
 	}
 
+	b.WriteString(renderMemory(rep, ix, where, l1Where))
+	b.WriteString(renderDefaults(rep, ix, where, l1Where))
+
 	// 6. virtio-net.
 	if rows := netRows(ix, where); rows != "" {
 		fmt.Fprintf(&b, "\n**virtio-net throughput** (MiB/s, %d MiB each way over TCP between the guest and L1 through a TAP, timed by the guest; %s; higher is better, ratio > 1: hpcvmm faster; for the exit counts lower is better). "+

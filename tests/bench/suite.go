@@ -48,7 +48,9 @@ type Config struct {
 	ConsoleReps  int             `json:"console_reps"`          // runs per VMM of the virtio-console case
 	ConsoleSec   int             `json:"console_s"`             // time kept for the console case
 	ConsoleLimit time.Duration   `json:"console_timeout_ns"`    // one console run's limit
-	Cases        []string        `json:"cases"`                 // which cases run: launch, net, console, prefault, dma-map
+	DefaultsSec  int             `json:"defaults_s"`            // time kept for the defaults case
+	MemorySec    int             `json:"memory_s"`              // time kept for the VMM-memory case
+	Cases        []string        `json:"cases"`                 // which cases run: launch, defaults, memory, net, console, prefault, dma-map
 	Done         map[string]bool `json:"done,omitempty"`        // samples an earlier L1 boot already took (sampleKey)
 	FailedVMMs   map[string]bool `json:"failed,omitempty"`      // case|VMM pairs that failed in an earlier L1 boot
 	FailedRuns   map[string]int  `json:"failed_runs,omitempty"` // how many runs of each case|VMM failed there
@@ -72,7 +74,7 @@ func runSuite(ctx context.Context, cfg Config, out sink) {
 	defer cancel()
 	out.env(describeEnv(cfg))
 
-	if cfg.WarmUpMiB > 0 && (cfg.wants(caseLaunch) || cfg.wants(caseNet) || cfg.wants(caseConsole)) {
+	if cfg.WarmUpMiB > 0 && (cfg.wants(caseLaunch) || cfg.wants(caseDefaults) || cfg.wants(caseMemory) || cfg.wants(caseNet) || cfg.wants(caseConsole)) {
 		warmUp(cfg, out)
 		if cfg.launchPages() == pages2M {
 			warmUpHugepages(cfg, out)
@@ -96,8 +98,15 @@ func runSuite(ctx context.Context, cfg Config, out sink) {
 	if cfg.wants(caseConsole) {
 		consoleReserve = time.Duration(cfg.ConsoleSec) * time.Second
 	}
+	var defaultsReserve, memoryReserve time.Duration
+	if cfg.wants(caseDefaults) {
+		defaultsReserve = time.Duration(cfg.DefaultsSec) * time.Second
+	}
+	if cfg.wants(caseMemory) {
+		memoryReserve = time.Duration(cfg.MemorySec) * time.Second
+	}
 	lastOnly := time.Duration(cfg.LastSec) * time.Second
-	if kept := fitReserves(time.Until(deadline), &prefaultReserve, &netReserve, &dmaReserve, &consoleReserve, &lastOnly); kept < 1 {
+	if kept := fitReserves(time.Until(deadline), &defaultsReserve, &memoryReserve, &prefaultReserve, &netReserve, &dmaReserve, &consoleReserve, &lastOnly); kept < 1 {
 		out.note(fmt.Sprintf("time budget %v: each later case keeps %.0f%% of its usual share", time.Until(deadline).Round(time.Second), 100*kept))
 	}
 	lastReserve := lastOnly + dmaReserve
@@ -109,9 +118,19 @@ func runSuite(ctx context.Context, cfg Config, out sink) {
 	if canBoot && cfg.wants(caseLaunch) {
 		c := cfg
 		c.VMMs = first
-		runLaunches(ctx, c, deadline.Add(-prefaultReserve-netReserve-consoleReserve-lastReserve), out)
+		runLaunches(ctx, c, deadline.Add(-defaultsReserve-memoryReserve-prefaultReserve-netReserve-consoleReserve-lastReserve), out)
 	} else if cfg.wants(caseLaunch) {
 		out.note("launch cases: skipped on this host (no usable hardware /dev/kvm; they run inside L1)")
+	}
+	if canBoot && cfg.wants(caseMemory) {
+		mctx, mcancel := context.WithDeadline(ctx, deadline.Add(-defaultsReserve-prefaultReserve-netReserve-consoleReserve-lastReserve))
+		runMemory(mctx, cfg, out)
+		mcancel()
+	}
+	if canBoot && cfg.wants(caseDefaults) {
+		dctx, dcancel := context.WithDeadline(ctx, deadline.Add(-prefaultReserve-netReserve-consoleReserve-lastReserve))
+		runDefaults(dctx, cfg, out)
+		dcancel()
 	}
 	switch {
 	case !cfg.wants(caseNet):
