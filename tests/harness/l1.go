@@ -272,9 +272,20 @@ func l1Timeout(t *testing.T) time.Duration {
 // runConfig is the shell fragment L1's /init sources: the go test flags for
 // the scenario runner.
 func runConfig(run, skip string, timeout time.Duration) string {
-	return fmt.Sprintf("HPCVMM_RUN=%s\nHPCVMM_SKIP=%s\nHPCVMM_TIMEOUT=%s\n",
+	cfg := fmt.Sprintf("HPCVMM_RUN=%s\nHPCVMM_SKIP=%s\nHPCVMM_TIMEOUT=%s\n",
 		shellQuote(run), shellQuote(skip), shellQuote(timeout.Round(time.Second).String()))
+	for _, name := range ForwardedEnv {
+		if v, ok := os.LookupEnv(name); ok {
+			cfg += fmt.Sprintf("export %s=%s\n", name, shellQuote(v))
+		}
+	}
+	return cfg
 }
+
+// ForwardedEnv are the scenario knobs set outside L1 that the scenarios
+// inside it see too (a soak's length: the short run in CI, the long one
+// as a command).
+var ForwardedEnv = []string{"HPCVMM_SOAK_PT_CYCLES", "HPCVMM_SIGNAL_BOOTS"}
 
 func flagValue(name string) string {
 	if f := flag.Lookup(name); f != nil {
