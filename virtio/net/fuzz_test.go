@@ -193,6 +193,16 @@ func (r *netFuzzRig) check(t testing.TB, pkt []byte) {
 		wrAll = append(wrAll, wr...)
 		rxChains, rxLens = append(rxChains, wr), append(rxLens, l)
 	}
+	// A packet still being delivered (mergeable buffers, the ring ran dry
+	// part-way) holds the chains it was copied into: the device owns them
+	// until it publishes them with the rest of the packet, so writes there
+	// are in buffers the driver gave it.
+	if r.p.pendLen != 0 {
+		for _, u := range r.p.used {
+			_, wr := r.h.Segments(r.rx, u.head, nil, nil)
+			wrAll = append(wrAll, wr...)
+		}
+	}
 	var txChains [][]queuetest.Range
 	for i := uint16(0); i != r.h.UsedIdx(r.tx); i++ {
 		if i > 4*fuzzNetQueue {
