@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"io"
+	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,11 +22,16 @@ import (
 type chanReader struct {
 	ch   chan []byte
 	rest []byte
+	// waiting is set while Read waits for the next chunk: the console has
+	// handed on (and been told it consumed) everything sent so far.
+	waiting atomic.Bool
 }
 
 func (r *chanReader) Read(p []byte) (int, error) {
 	if len(r.rest) == 0 {
+		r.waiting.Store(true)
 		b, ok := <-r.ch
+		r.waiting.Store(false)
 		if !ok {
 			return 0, io.EOF
 		}
@@ -88,27 +95,47 @@ func newConsoleRig(tb testing.TB) *consoleRig {
 }
 
 // flush hands whatever host input the console still holds to a private
-// receive queue with room for all of it, so the next input starts with
-// none (what a guest driver reading all input would leave).
+// receive queue with room for all of it, until the console's reader waits
+// for more, so the next input starts with none (what a guest driver reading
+// all input would leave). One round is not always enough: the eventfd the
+// harness waits on for host input also carries the deferred transmit
+// interrupt's timer, so the ops may run, and a first flush round may come,
+// before the reader has published the input.
 func (r *consoleRig) flush(tb testing.TB) {
-	r.con.Reset()
-	d := queuetest.NewDriver(r.priv, 8, 0)
-	for k := uint16(0); k < 4; k++ {
-		d.Chain(d.DescAddr, k, []queuetest.Buf{{Addr: 0x1000 * uint64(k+1), Len: fuzzMaxInput, Write: true}})
-		d.Publish(k)
-	}
-	q, err := queue.New(r.priv, d.Config(), 0)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := r.con.Activate(virtio.FeatureVersion1, []*queue.Queue{q, nil, nil, nil}, &r.irq); err != nil {
-		tb.Fatal(err)
-	}
-	if err := r.con.HandleEvent(); err != nil {
-		tb.Fatal(err)
-	}
-	if err := r.con.QueueNotify(0); err != nil {
-		tb.Fatal(err)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r.con.Reset()
+		d := queuetest.NewDriver(r.priv, 8, 0)
+		for k := uint16(0); k < 4; k++ {
+			d.Chain(d.DescAddr, k, []queuetest.Buf{{Addr: 0x1000 * uint64(k+1), Len: fuzzMaxInput, Write: true}})
+			d.Publish(k)
+		}
+		q, err := queue.New(r.priv, d.Config(), 0)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if err := r.con.Activate(virtio.FeatureVersion1, []*queue.Queue{q, nil, nil, nil}, &r.irq); err != nil {
+			tb.Fatal(err)
+		}
+		if err := r.con.HandleEvent(); err != nil {
+			tb.Fatal(err)
+		}
+		if err := r.con.QueueNotify(0); err != nil {
+			tb.Fatal(err)
+		}
+		// The reader goes back to waiting as soon as it runs (usually
+		// within a few yields); it signals the eventfd if it publishes
+		// input instead.
+		for i := 0; i < 1000 && !r.in.waiting.Load(); i++ {
+			runtime.Gosched()
+		}
+		if r.in.waiting.Load() {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatal("the console still holds host input after 30 s of flushing into empty buffers")
+		}
+		_, _ = unix.Poll(r.pollFD, 1)
 	}
 	r.con.Reset()
 }
