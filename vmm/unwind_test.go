@@ -1,7 +1,6 @@
 package vmm
 
 import (
-	"encoding/binary"
 	"errors"
 	"io"
 	"log/slog"
@@ -17,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"golang.org/x/sys/unix"
 
+	"github.com/hpcvmm/hpcvmm/boot/boottest"
 	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/host/hosttest"
 	"github.com/hpcvmm/hpcvmm/uapi"
@@ -86,31 +86,14 @@ const unwindTAP = "hpuw"
 // compressed payload (payload_offset/payload_length) is the xz fixture of
 // package vmlinux, a small ELF, so host decompression works on it too.
 func synthKernel(t *testing.T) string {
-	le := binary.LittleEndian
-	const setupSects = 4
-	img := make([]byte, (setupSects+1)*512+64<<10)
-	img[0x1f1] = setupSects
-	le.PutUint16(img[0x1fe:], 0xaa55)
-	img[0x200], img[0x201] = 0xeb, 0x6a
-	copy(img[0x202:], "HdrS")
-	le.PutUint16(img[0x206:], 0x020f)
-	img[0x211] = 0x01 // LOADED_HIGH
-	le.PutUint32(img[0x214:], 0x100000)
-	le.PutUint32(img[0x22c:], 0x7fffffff)
-	le.PutUint32(img[0x230:], 0x200000)
-	img[0x234] = 1
-	le.PutUint16(img[0x236:], 0x3) // XLF_KERNEL_64 | XLF_CAN_BE_LOADED_ABOVE_4G
-	le.PutUint32(img[0x238:], 0x7ff)
-	le.PutUint64(img[0x258:], 0x1000000)
-	le.PutUint32(img[0x260:], 4<<20)
 	payload, err := os.ReadFile("../vmlinux/testdata/payload.xz")
 	if err != nil {
 		t.Fatal(err)
 	}
 	const payloadOffset = 0x80
-	le.PutUint32(img[0x248:], payloadOffset)
-	le.PutUint32(img[0x24c:], uint32(len(payload)))
-	copy(img[(setupSects+1)*512+payloadOffset:], payload)
+	protected := make([]byte, payloadOffset+len(payload))
+	copy(protected[payloadOffset:], payload)
+	img := boottest.BzImage(protected, payloadOffset, uint32(len(payload)))
 	p := filepath.Join(t.TempDir(), "bzImage")
 	if err := os.WriteFile(p, img, 0o644); err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/binary"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hpcvmm/hpcvmm/boot/boottest"
 	"github.com/hpcvmm/hpcvmm/host/hosttest"
 	"github.com/hpcvmm/hpcvmm/vmm"
 )
@@ -31,23 +31,7 @@ func hpcvmm(args ...string) (rc int, stdout, stderr string) {
 // the kernel to the checks behind it without a real kernel on the host.
 // Offsets are literals from the kernel's bootparam.h.
 func synthKernel(t *testing.T) string {
-	const setupSects = 4
-	le := binary.LittleEndian
-	img := make([]byte, (setupSects+1)*512+64<<10)
-	img[0x1f1] = setupSects
-	le.PutUint16(img[0x1fe:], 0xaa55)
-	img[0x200], img[0x201] = 0xeb, 0x6a
-	copy(img[0x202:], "HdrS")
-	le.PutUint16(img[0x206:], 0x020f)
-	img[0x211] = 0x01 // LOADED_HIGH
-	le.PutUint32(img[0x214:], 0x100000)
-	le.PutUint32(img[0x22c:], 0x7fffffff)
-	le.PutUint32(img[0x230:], 0x200000)
-	img[0x234] = 1
-	le.PutUint16(img[0x236:], 0x3) // XLF_KERNEL_64 | XLF_CAN_BE_LOADED_ABOVE_4G
-	le.PutUint32(img[0x238:], 0x7ff)
-	le.PutUint64(img[0x258:], 0x1000000)
-	le.PutUint32(img[0x260:], 4<<20)
+	img := boottest.BzImage(nil, 0, 0)
 	p := filepath.Join(t.TempDir(), "bzImage")
 	require.NoError(t, os.WriteFile(p, img, 0o644))
 	return p

@@ -15,6 +15,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/hpcvmm/hpcvmm/boot/boottest"
 )
 
 // guestCode is the soak guest, entered in 64-bit mode at the kernel's load
@@ -73,26 +75,11 @@ const EduLivenessReadback = ^uint32(eduLiveness)
 // 16 MiB) carrying the soak guest into dir and returns its path. vmm.New
 // parses and loads it like a Linux kernel; a VM needs 64 MiB of RAM for it.
 func Kernel(dir string) (string, error) {
-	le := binary.LittleEndian
-	const setupSects = 4
-	img := make([]byte, (setupSects+1)*512+64<<10)
-	img[0x1f1] = setupSects
-	le.PutUint16(img[0x1fe:], 0xaa55)
-	img[0x200], img[0x201] = 0xeb, 0x6a // jmp over the header
-	copy(img[0x202:], "HdrS")
-	le.PutUint16(img[0x206:], 0x020f)
-	img[0x211] = 0x01 // LOADED_HIGH
-	le.PutUint32(img[0x214:], 0x100000)
-	le.PutUint32(img[0x22c:], 0x7fffffff)
-	le.PutUint32(img[0x230:], 0x200000)
-	img[0x234] = 1
-	le.PutUint16(img[0x236:], 0x3) // XLF_KERNEL_64 | XLF_CAN_BE_LOADED_ABOVE_4G
-	le.PutUint32(img[0x238:], 0x7ff)
-	le.PutUint64(img[0x258:], 0x1000000)
-	le.PutUint32(img[0x260:], 4<<20)
 	// The protected-mode part starts after the setup sectors; startup_64
 	// is 0x200 into it.
-	copy(img[(setupSects+1)*512+0x200:], guestCode)
+	protected := make([]byte, 0x200+len(guestCode))
+	copy(protected[0x200:], guestCode)
+	img := boottest.BzImage(protected, 0, 0)
 	p := filepath.Join(dir, "soak-guest.bzImage")
 	if err := os.WriteFile(p, img, 0o644); err != nil {
 		return "", fmt.Errorf("vmmtest: writing the guest kernel: %w", err)
