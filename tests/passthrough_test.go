@@ -103,18 +103,7 @@ func TestPassthroughLargeBAR(t *testing.T) {
 		env.Record(t, "bar_off", strconv.FormatUint(off, 10))
 		env.Record(t, "bar_pattern", strconv.FormatUint(uint64(pattern), 10))
 	}, func(t *testing.T, o harness.Outer) {
-		off, err1 := strconv.ParseInt(o.Records["bar_off"], 10, 64)
-		pattern, err2 := strconv.ParseUint(o.Records["bar_pattern"], 10, 32)
-		require.NoError(t, errors.Join(err1, err2), "records bar_off=%q bar_pattern=%q", o.Records["bar_off"], o.Records["bar_pattern"])
-		f, err := os.Open(filepath.Join(o.RunDir, harness.PassthroughBARFile))
-		require.NoError(t, err)
-		defer f.Close()
-		var b [4]byte
-		_, err = f.ReadAt(b[:], off)
-		require.NoError(t, err)
-		assert.Equal(t, uint32(pattern), binary.LittleEndian.Uint32(b[:]),
-			"the BAR's backing file outside L1 at offset %#x holds what the L2 guest wrote there", off)
-		t.Logf("outside L1: %s at %#x holds %#08x", harness.PassthroughBARFile, off, binary.LittleEndian.Uint32(b[:]))
+		assertBARFileHolds(t, o)
 	})
 }
 
@@ -843,4 +832,23 @@ func l1ConfigDword(t *testing.T, bdf string, off int64) string {
 	_, err = f.ReadAt(b[:], off)
 	require.NoError(t, err, "read %s config at %#x (needs root for the extended space)", bdf, off)
 	return fmt.Sprintf("%08x", binary.LittleEndian.Uint32(b[:]))
+}
+
+// assertBARFileHolds checks, outside L1 after it powered off, that the
+// ivshmem BAR's backing file holds the pattern the L2 guest wrote at the
+// offset the scenario recorded (bar_off, bar_pattern).
+func assertBARFileHolds(t *testing.T, o harness.Outer) {
+	t.Helper()
+	off, err1 := strconv.ParseInt(o.Records["bar_off"], 10, 64)
+	pattern, err2 := strconv.ParseUint(o.Records["bar_pattern"], 10, 32)
+	require.NoError(t, errors.Join(err1, err2), "records bar_off=%q bar_pattern=%q", o.Records["bar_off"], o.Records["bar_pattern"])
+	f, err := os.Open(filepath.Join(o.RunDir, harness.PassthroughBARFile))
+	require.NoError(t, err)
+	defer f.Close()
+	var b [4]byte
+	_, err = f.ReadAt(b[:], off)
+	require.NoError(t, err)
+	assert.Equal(t, uint32(pattern), binary.LittleEndian.Uint32(b[:]),
+		"the BAR's backing file outside L1 at offset %#x holds what the L2 guest wrote there", off)
+	t.Logf("outside L1: %s at %#x holds %#08x", harness.PassthroughBARFile, off, binary.LittleEndian.Uint32(b[:]))
 }

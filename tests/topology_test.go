@@ -3,8 +3,6 @@
 package tests
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -140,18 +138,7 @@ func TestSwitchLargeBAR(t *testing.T) {
 		env.Record(t, "bar_off", strconv.FormatUint(off, 10))
 		env.Record(t, "bar_pattern", strconv.FormatUint(uint64(pattern), 10))
 	}, func(t *testing.T, o harness.Outer) {
-		off, err1 := strconv.ParseInt(o.Records["bar_off"], 10, 64)
-		pattern, err2 := strconv.ParseUint(o.Records["bar_pattern"], 10, 32)
-		require.NoError(t, errors.Join(err1, err2), "records bar_off=%q bar_pattern=%q", o.Records["bar_off"], o.Records["bar_pattern"])
-		f, err := os.Open(filepath.Join(o.RunDir, harness.PassthroughBARFile))
-		require.NoError(t, err)
-		defer f.Close()
-		var b [4]byte
-		_, err = f.ReadAt(b[:], off)
-		require.NoError(t, err)
-		assert.Equal(t, uint32(pattern), binary.LittleEndian.Uint32(b[:]),
-			"the BAR's backing file outside L1 at offset %#x holds what the L2 guest wrote there", off)
-		t.Logf("outside L1: %s at %#x holds %#08x", harness.PassthroughBARFile, off, binary.LittleEndian.Uint32(b[:]))
+		assertBARFileHolds(t, o)
 	})
 }
 
