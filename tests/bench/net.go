@@ -110,7 +110,16 @@ func runNet(ctx context.Context, cfg Config, vmm, vhost string, rep int, payload
 	// transfer are the transfer's.
 	c, err := acceptCtx(ctx, lnRx)
 	if err != nil {
-		s.Err = fmt.Sprintf("the guest never connected to port 5001: %v; console tail: %q", err, tail(stdout.String(), 600))
+		// Whether the VMM is still running tells a guest that stopped from
+		// a VMM that died (its log's end says how).
+		state := "still running"
+		select {
+		case <-exited:
+			state = fmt.Sprintf("exited: %v", p.waitErr)
+		default:
+		}
+		s.Err = fmt.Sprintf("the guest never connected to port 5001: %v; %s %s; console tail: %q; log tail: %q",
+			err, vmm, state, tail(stdout.String(), 600), tail(stderr.String(), 400))
 		return s
 	}
 	before, kerr := readKVMStats(kvmDebugfs, "/proc", pid)
