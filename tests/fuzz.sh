@@ -46,21 +46,58 @@ if ((${#targets[@]} == 0)); then
 	exit 1
 fi
 
+# corpus_files PKG NAME: the files in the target's corpus directory, one per line.
+corpus_files() {
+	local dir
+	dir=$(go list -f '{{.Dir}}' "$1")/testdata/fuzz/$2
+	[[ -d $dir ]] && ls -1 "$dir" || true
+}
+
+# deadline_race LOG: the run failed only because Go's fuzz coordinator lost
+# its own race at the end of -fuzztime (go.dev/issue/75804, fixed in Go 1.27,
+# not in 1.26.x): "context deadline exceeded" is the failure's only reason and
+# no target assertion, panic or failing input was reported.
+deadline_race() {
+	grep -q '^    context deadline exceeded$' "$1" &&
+		! grep -qE 'Failing input|panic:|_test\.go:[0-9]+:|fuzz_test\.go' "$1"
+}
+
+# fuzz_once PKG NAME: one fuzzing run, its output into $log.
+fuzz_once() {
+	go test -run '^$' -fuzz "^${2}\$" -fuzztime "$fuzztime" -fuzzminimizetime "$minimize" "$1" >"$log" 2>&1
+}
+
+# rate_of LOG: execs and average rate from the last progress line
+# ("fuzz: elapsed: 10s, execs: 123456 (0/sec), ..."; its own rate is the
+# last interval's, so average over the whole run).
+rate_of() {
+	grep -o 'elapsed: [0-9]*s, execs: [0-9]*' "$1" | tail -1 |
+		awk '{s=$2+0; if (s>0) printf "%d execs in %ds, %d/s", $4, s, $4/s}' || true
+}
+
 failed=()
 for t in "${targets[@]}"; do
 	read -r pkg name <<<"$t"
 	[[ -z $filter || $pkg == *"$filter"* ]] || continue
-	if go test -run '^$' -fuzz "^${name}\$" -fuzztime "$fuzztime" -fuzzminimizetime "$minimize" "$pkg" >"$log" 2>&1; then
-		# Last progress line: "fuzz: elapsed: 10s, execs: 123456 (0/sec), ...";
-		# its rate is the last interval's, so average over the whole run.
-		rate=$(grep -o 'elapsed: [0-9]*s, execs: [0-9]*' "$log" | tail -1 |
-			awk '{s=$2+0; if (s>0) printf "%d execs in %ds, %d/s", $4, s, $4/s}' || true)
-		printf 'ok   %-28s %-40s %s\n' "$name" "$pkg" "${rate:-?}"
-	else
-		printf 'FAIL %-28s %s\n' "$name" "$pkg"
-		cat "$log"
-		failed+=("$name")
+	before=$(corpus_files "$pkg" "$name")
+	if fuzz_once "$pkg" "$name"; then
+		printf 'ok   %-28s %-40s %s\n' "$name" "$pkg" "$(rate_of "$log")"
+		continue
 	fi
+	# A lost deadline race writes no input and asserts nothing: run the
+	# target again rather than fail the build on Go's bug. A second run that
+	# fails for any reason, or any run that wrote an input, fails.
+	if deadline_race "$log" && [[ $(corpus_files "$pkg" "$name") == "$before" ]]; then
+		first=$(rate_of "$log")
+		if fuzz_once "$pkg" "$name"; then
+			printf 'ok   %-28s %-40s %s (first run: %s, then go.dev/issue/75804 deadline race, no input failed)\n' \
+				"$name" "$pkg" "$(rate_of "$log")" "$first"
+			continue
+		fi
+	fi
+	printf 'FAIL %-28s %s\n' "$name" "$pkg"
+	cat "$log"
+	failed+=("$name")
 done
 
 if ((${#failed[@]} > 0)); then
