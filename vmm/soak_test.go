@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/host/hosttest"
@@ -119,7 +117,7 @@ func TestSoakCreateRunDestroy(t *testing.T) {
 		res, err = vmmtest.Soak(cfg, vmmtest.SoakOptions{Cycles: cycles, Warmup: 2, Check: check, Every: max(cycles/10, 1)})
 	}
 	if withTAP {
-		require.NoError(t, inOwnNetns(soak), "unshare(CLONE_NEWNET) as root")
+		require.NoError(t, hosttest.InOwnNetns(soak), "unshare(CLONE_NEWNET) as root")
 	} else {
 		t.Log("not root or no /dev/net/tun: no virtio-net in the soak")
 		soak()
@@ -153,21 +151,4 @@ func devices(g vmmtest.GuestReport) string {
 		}
 	}
 	return strings.Join(parts, " ")
-}
-
-// inOwnNetns runs f on a locked OS thread in a fresh network namespace, so
-// the TAPs the VMs create are invisible to the host and die with the
-// thread even if the code under test leaked them.
-func inOwnNetns(f func()) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread leaves the namespace by exiting
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			errc <- err
-			return
-		}
-		f()
-		errc <- nil
-	}()
-	return <-errc
 }

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
-	"golang.org/x/sys/unix"
 
 	"github.com/hpcvmm/hpcvmm/boot/boottest"
 	"github.com/hpcvmm/hpcvmm/guestmem"
@@ -99,23 +98,6 @@ func synthKernel(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return p
-}
-
-// inOwnNetns runs f on a locked OS thread in a fresh network namespace, so
-// the TAP New creates is invisible to the host and dies with the thread
-// even if the code under test leaked it. It reports whether it could.
-func inOwnNetns(f func()) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread leaves the namespace by exiting
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			errc <- err
-			return
-		}
-		f()
-		errc <- nil
-	}()
-	return <-errc
 }
 
 var errInjected = errors.New("injected setup failure")
@@ -246,7 +228,7 @@ func TestNewUnwindsEveryPartialSetup(t *testing.T) {
 		run()
 		return
 	}
-	if err := inOwnNetns(run); err != nil {
+	if err := hosttest.InOwnNetns(run); err != nil {
 		t.Fatalf("unshare(CLONE_NEWNET) as root: %v", err)
 	}
 }

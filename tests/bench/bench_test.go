@@ -113,6 +113,28 @@ func TestReadKVMStatsFindsTheCreatingThread(t *testing.T) {
 	assert.ErrorContains(t, err, "555")
 }
 
+func TestReadKVMStatsFindsAVMWhoseCreatingThreadExited(t *testing.T) {
+	dbg, proc := t.TempDir(), t.TempDir()
+	// Process 100 holds its VM as fd 11; thread 107, which created it, is gone.
+	require.NoError(t, os.MkdirAll(filepath.Join(proc, "100", "task", "100"), 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(proc, "100", "fd"), 0o755))
+	require.NoError(t, os.Symlink("anon_inode:kvm-vm", filepath.Join(proc, "100", "fd", "11")))
+	require.NoError(t, os.Symlink("/dev/kvm", filepath.Join(proc, "100", "fd", "12")))
+	require.NoError(t, os.MkdirAll(filepath.Join(dbg, "107-11"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dbg, "107-11", "exits"), []byte("77\n"), 0o644))
+	// Fd 11 of a running process 300 is a different VM; a "-12" directory
+	// is not a VM of process 100's.
+	require.NoError(t, os.MkdirAll(filepath.Join(proc, "300"), 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(dbg, "300-11"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dbg, "300-11", "exits"), []byte("9000\n"), 0o644))
+	require.NoError(t, os.MkdirAll(filepath.Join(dbg, "108-12"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dbg, "108-12", "exits"), []byte("8000\n"), 0o644))
+
+	st, err := readKVMStats(dbg, proc, 100)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]float64{"exits": 77}, st)
+}
+
 func TestLogRecord(t *testing.T) {
 	log := `time=2026-11-23T08:00:00.000Z level=INFO msg="guest RAM ready" size=512M page=4K prefault=2.921s workers=1 setup=2.93s
 time=2026-11-23T08:00:00.500Z level=INFO msg="first KVM_RUN" since_start=3.467712s

@@ -117,6 +117,7 @@ func runNet(ctx context.Context, cfg Config, vmm, vhost string, rep int, payload
 		case <-exited:
 			state = fmt.Sprintf("exited: %v", p.waitErr)
 		default:
+			s.Info["stall"] = stallReport(vmm, pid, exited, stderr.String)
 		}
 		s.Err = fmt.Sprintf("the guest never connected to port 5001: %v; %s %s; console tail: %q; log tail: %q",
 			err, vmm, state, tail(stdout.String(), 600), tail(stderr.String(), 400))

@@ -20,8 +20,13 @@ const kvmDebugfs = "/sys/kernel/debug/kvm"
 // pid created. KVM names the directory after the thread that issued
 // KVM_CREATE_VM (task_pid_nr(current) is a thread id), which in a Go VMM
 // is rarely the main thread, so every thread id of the process is tried.
-// If the process has several VMs (a VMM probing KVM with a throwaway VM),
-// the one with the most exits wins.
+// The creating thread may have exited since (a Go thread locked by a
+// goroutine that returned is destroyed, which is where hpcvmm's start-up
+// creates its VM), so the VM's file descriptor is matched too: a
+// directory "TID-FD" whose FD is one of pid's anon_inode:kvm-vm
+// descriptors and whose TID is no running process's. If the process has
+// several VMs (a VMM probing KVM with a throwaway VM), the one with the
+// most exits wins.
 func readKVMStats(root, procRoot string, pid int) (map[string]float64, error) {
 	ids := []string{strconv.Itoa(pid)}
 	if ents, err := os.ReadDir(filepath.Join(procRoot, strconv.Itoa(pid), "task")); err == nil {
@@ -39,6 +44,7 @@ func readKVMStats(root, procRoot string, pid int) (map[string]float64, error) {
 		}
 		dirs = append(dirs, d...)
 	}
+	dirs = append(dirs, vmDirsByFD(root, procRoot, pid)...)
 	if len(dirs) == 0 {
 		return nil, fmt.Errorf("no KVM statistics for pid %d or its threads under %s (debugfs not mounted, or no VM yet)", pid, root)
 	}
@@ -243,4 +249,36 @@ func durationMs(s string) (float64, bool) {
 		return 0, false
 	}
 	return float64(d) / float64(time.Millisecond), true
+}
+
+// vmDirsByFD returns the KVM debugfs directories named after one of pid's
+// VM file descriptors whose thread id is not a running process: VMs pid
+// created on a thread that has exited.
+func vmDirsByFD(root, procRoot string, pid int) []string {
+	fdDir := filepath.Join(procRoot, strconv.Itoa(pid), "fd")
+	ents, err := os.ReadDir(fdDir)
+	if err != nil {
+		return nil
+	}
+	var dirs []string
+	for _, e := range ents {
+		if target, err := os.Readlink(filepath.Join(fdDir, e.Name())); err != nil || target != "anon_inode:kvm-vm" {
+			continue
+		}
+		matches, _ := filepath.Glob(filepath.Join(root, "*-"+e.Name()))
+		for _, m := range matches {
+			tid, _, _ := strings.Cut(filepath.Base(m), "-")
+			if tid == strconv.Itoa(pid) {
+				continue // found by thread id already
+			}
+			if _, err := os.Stat(filepath.Join(procRoot, tid)); err == nil {
+				// A running thread group's id, or one of pid's own
+				// threads (a thread id resolves in /proc too): the
+				// thread-id lookup has it if it is pid's.
+				continue
+			}
+			dirs = append(dirs, m)
+		}
+	}
+	return dirs
 }
