@@ -25,7 +25,8 @@ const linkedText = "ffffffff81000000"
 
 // TestKernelDecompress boots Debian's stock bzImage with the kernel
 // decompressed on the host, first with an empty kernel cache (decompressed,
-// cached) and then warm (read from the cache, its SHA-256 checked), then the
+// cached), then warm (read from the cache, its SHA-256 checked and
+// recorded), then warm again (the record trusted, nothing hashed), then the
 // cached vmlinux ELF itself as --kernel, then with the guest's own
 // decompressor (--kernel-decompress=guest). Each boot must reach /init with
 // the command line it was given; the host-decompressed kernels must run at
@@ -80,9 +81,17 @@ func TestKernelDecompress(t *testing.T) {
 		t.Run("host-warm", func(t *testing.T) {
 			g, log := launch(t, bzImage, "warm")
 			assert.Contains(t, log, "cache_hit=true", "a second launch reads the cache")
-			assert.Contains(t, log, "sha256_verified=true")
+			assert.Contains(t, log, "sha256_verified=now", "the first read of an entry hashes it")
 			assert.Equal(t, linkedText, g["kernel_text"], "a cached kernel runs at its link address: no KASLR")
 			checkCacheFile(t, cacheDir, cacheFile)
+			_, err := os.Stat(cacheFile + ".ok")
+			require.NoError(t, err, "the hash of the settled entry is recorded")
+		})
+		t.Run("host-recorded", func(t *testing.T) {
+			g, log := launch(t, bzImage, "recorded")
+			assert.Contains(t, log, "cache_hit=true")
+			assert.Contains(t, log, "sha256_verified=recorded", "the same unchanged entry is not hashed again")
+			assert.Equal(t, linkedText, g["kernel_text"])
 		})
 		t.Run("vmlinux-elf", func(t *testing.T) {
 			file, err := os.ReadFile(cacheFile)

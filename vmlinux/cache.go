@@ -146,7 +146,12 @@ func checkInfo(path string, fi fs.FileInfo, dir bool) error {
 type Entry struct {
 	mapping []byte
 	body    []byte
+	hashed  bool
 }
+
+// Hashed reports whether Get hashed the content, rather than trusting the
+// record of an earlier hash of the same, unchanged file.
+func (e *Entry) Hashed() bool { return e.hashed }
 
 // Bytes is the vmlinux; valid until Close.
 func (e *Entry) Bytes() []byte { return e.body }
@@ -163,10 +168,12 @@ func (e *Entry) Close() error {
 
 // Get returns the vmlinux cached for key after checking the file (a
 // regular file owned by root or the caller, not writable by others), its
-// header and the SHA-256 of its content. It returns ErrMiss when there is
-// no entry; any other error means the entry is unusable (and Put will
-// replace it). A hit refreshes the file's modification time, which
-// eviction orders by. Close the entry when its bytes are no longer needed.
+// header and the SHA-256 of its content — unless the cache recorded that
+// this very file, unchanged since, matched its hash before (identity.go).
+// It returns ErrMiss when there is no entry; any other error means the
+// entry is unusable (and Put will replace it). A hit refreshes the time
+// eviction orders by (on the record, so the entry's own times stay as
+// hashed). Close the entry when its bytes are no longer needed.
 func (c *Cache) Get(key Key) (*Entry, error) {
 	path := c.Path(key)
 	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
@@ -195,12 +202,22 @@ func (c *Cache) Get(key Key) (*Entry, error) {
 		return nil, fmt.Errorf("vmlinux: kernel cache file %s: mmap: %w", path, err)
 	}
 	e := &Entry{mapping: buf}
-	if e.body, err = verify(buf); err != nil {
+	if trusted(path, fi) {
+		e.body, _, err = parseEntry(buf)
+	} else {
+		e.hashed = true
+		if e.body, err = verify(buf); err == nil {
+			c.rememberVerified(path, fi)
+		}
+	}
+	if err != nil {
 		_ = e.Close()
 		return nil, fmt.Errorf("vmlinux: kernel cache file %s: %w", path, err)
 	}
-	now := time.Now()
-	_ = os.Chtimes(path, now, now) // LRU order only; a read-only cache still serves
+	if !e.hashed {
+		now := time.Now()
+		_ = os.Chtimes(verifiedPath(path), now, now) // LRU order only; a read-only cache still serves
+	}
 	return e, nil
 }
 
@@ -210,11 +227,25 @@ func (c *Cache) Get(key Key) (*Entry, error) {
 func Verify(file []byte) ([]byte, error) { return verify(file) }
 
 func verify(buf []byte) ([]byte, error) {
+	body, sum, err := parseEntry(buf)
+	if err != nil {
+		return nil, err
+	}
+	got := sha256.Sum256(body)
+	if want, err := hex.DecodeString(sum); err != nil || !bytes.Equal(want, got[:]) {
+		return nil, fmt.Errorf("content SHA-256 %x does not match the header's %q: corrupt or replaced", got, sum)
+	}
+	return body, nil
+}
+
+// parseEntry checks a cache file's header and size and returns the
+// vmlinux and the SHA-256 (hex) the header records for it.
+func parseEntry(buf []byte) (body []byte, sum string, err error) {
 	end := bytes.Index(buf[:min(len(buf), maxHeaderBytes)], []byte("\n\n"))
 	if !bytes.HasPrefix(buf, []byte(cacheMagic)) || end < 0 {
-		return nil, errors.New("no hpcvmm-vmlinux v1 header: not a kernel cache file, or from another hpcvmm version")
+		return nil, "", errors.New("no hpcvmm-vmlinux v1 header: not a kernel cache file, or from another hpcvmm version")
 	}
-	var sum, size string
+	var size string
 	for _, line := range strings.Split(string(buf[len(cacheMagic):end]), "\n") {
 		k, v, _ := strings.Cut(line, " ")
 		switch k {
@@ -224,16 +255,12 @@ func verify(buf []byte) ([]byte, error) {
 			size = v
 		}
 	}
-	body := buf[end+2:]
+	body = buf[end+2:]
 	n, err := strconv.ParseUint(size, 10, 64)
 	if err != nil || n != uint64(len(body)) {
-		return nil, fmt.Errorf("header says size %q, the file holds %d bytes: truncated or corrupt", size, len(body))
+		return nil, "", fmt.Errorf("header says size %q, the file holds %d bytes: truncated or corrupt", size, len(body))
 	}
-	got := sha256.Sum256(body)
-	if want, err := hex.DecodeString(sum); err != nil || !bytes.Equal(want, got[:]) {
-		return nil, fmt.Errorf("content SHA-256 %x does not match the header's %q: corrupt or replaced", got, sum)
-	}
-	return body, nil
+	return body, sum, nil
 }
 
 // Put stores vmlinux for key: written to a temporary file in the cache
@@ -269,6 +296,8 @@ func (c *Cache) Put(key Key, vmlinux []byte) (err error) {
 	if err = f.Close(); err != nil {
 		return fmt.Errorf("vmlinux: kernel cache: close %s: %w", tmp, err)
 	}
+	// The new file has a new identity; an old entry's record goes with it.
+	_ = os.Remove(verifiedPath(c.Path(key)))
 	if err = os.Rename(tmp, c.Path(key)); err != nil {
 		return fmt.Errorf("vmlinux: kernel cache: %w", err)
 	}
@@ -302,8 +331,24 @@ func (c *Cache) evict(keep string) error {
 				_ = os.Remove(path)
 			}
 		case strings.HasSuffix(e.Name(), cacheSuffix):
-			files = append(files, entry{path, fi.Size(), fi.ModTime()})
+			used := fi.ModTime() // written; a record's time says when last read
+			if rec, err := os.Stat(verifiedPath(path)); err == nil && rec.ModTime().After(used) {
+				used = rec.ModTime()
+			}
+			files = append(files, entry{path, fi.Size(), used})
 			total += fi.Size()
+		case strings.HasSuffix(e.Name(), verifiedSuffix):
+			if _, err := os.Lstat(strings.TrimSuffix(path, verifiedSuffix)); errors.Is(err, fs.ErrNotExist) {
+				_ = os.Remove(path) // its entry is gone
+			}
+		case strings.HasPrefix(e.Name(), keyPrefix) && strings.HasSuffix(e.Name(), keySuffix):
+			// A bzImage's key outlives its entry only briefly: a
+			// launch records the key before its Put.
+			if lines := readRecord(path); len(lines) == 2 && time.Since(fi.ModTime()) > staleTemp {
+				if _, err := os.Lstat(filepath.Join(c.dir, lines[1]+cacheSuffix)); errors.Is(err, fs.ErrNotExist) {
+					_ = os.Remove(path)
+				}
+			}
 		}
 	}
 	slices.SortFunc(files, func(a, b entry) int { return a.mtime.Compare(b.mtime) })
@@ -319,6 +364,7 @@ func (c *Cache) evict(keep string) error {
 			errs = append(errs, err)
 			continue
 		}
+		_ = os.Remove(verifiedPath(f.path))
 		total -= f.size
 	}
 	if len(errs) > 0 {

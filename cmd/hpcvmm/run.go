@@ -57,7 +57,7 @@ func newRunCommand() (*command, *runFlags) {
 	g := c.group("Guest")
 	g.StringVar(&f.cfg.Kernel, "kernel", "", "`FILE`: the bzImage to boot (required): any distribution kernel, /boot/vmlinuz-*; boot protocol 2.06 or later; or an uncompressed x86-64 vmlinux ELF, entered at its ELF entry point")
 	g.Var(decompressValue{&f.cfg.KernelDecompress}, "kernel-decompress", "where a bzImage's kernel is unpacked: host (once per bzImage, kept in --kernel-cache, entered at its 64-bit entry: the guest skips its decompressor, so in-guest KASLR is off and the kernel runs at its link addresses) or guest (the bzImage's own decompressor at every launch, with KASLR)")
-	g.StringVar(&f.cfg.KernelCache, "kernel-cache", vmlinux.DefaultCacheDir, "`DIR`: where --kernel-decompress host keeps decompressed kernels, one file per bzImage SHA-256 with the content's SHA-256 checked on every use; refused when writable by group or others")
+	g.StringVar(&f.cfg.KernelCache, "kernel-cache", vmlinux.DefaultCacheDir, "`DIR`: where --kernel-decompress host keeps decompressed kernels, one file per bzImage SHA-256 with the content's SHA-256 checked on first use and whenever the file changed since (by inode, size and times); refused when writable by group or others")
 	g.Var(int64SizeValue{&f.cfg.KernelCacheMax}, "kernel-cache-size", "bound of --kernel-cache, with a K, M or G suffix; the least recently used kernels are removed beyond it (default 1G)")
 	g.StringVar(&f.cfg.Initrd, "initrd", "", "`FILE`: the initramfs to load")
 	g.StringVar(&f.cfg.Cmdline, "cmdline", "", "`TEXT`: the kernel command line (default \""+defaultCmdline(vmm.ConsoleVirtio)+"\"; without console=hvc0 unless --console virtio); reboot=k makes a guest reboot end the VM")
