@@ -68,4 +68,3 @@ func readTrim(path string) string {
 	}
 	return strings.TrimSpace(string(b))
 }
-
