@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -382,4 +383,16 @@ func TestScalingSection(t *testing.T) {
 	assert.Contains(t, md, "| 2M | 16 | 48.0 (48.0–48.0) | 0.43 | 120.0 (120.0–120.0) | 0.40 |")
 	assert.Contains(t, md, "First touch of the pool (unmeasured above): 2M pages, workers=16: 40.0 GiB/s.")
 	assert.NotContains(t, md, "KVM exits", "a scaling-only run renders only its own table")
+}
+
+// TestStallReportDescribesAProcess: the report of a running process names
+// each thread with its state and CPU, and the timer interrupt counts.
+func TestStallReportDescribesAProcess(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	require.NoError(t, cmd.Start())
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	r := stallReport(vmmQEMUQ35, cmd.Process.Pid, nil, func() string { return "" })
+	assert.Regexp(t, `threads: \[\d+ sleep [RS] cpu=\d+ wchan=\S+ syscall=\S+`, r)
+	assert.Regexp(t, `local timer interrupts per CPU: \d+(/\d+)*, 2 s later \d+`, r)
+	assert.NotContains(t, r, "goroutine dump", "only hpcvmm is sent SIGQUIT")
 }

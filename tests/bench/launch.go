@@ -188,6 +188,13 @@ func runBoot(ctx context.Context, cfg Config, c, vmm string, rep int, argv []str
 	start, exited, pid := p.start, p.exited, cmd.Process.Pid
 
 	reached, why := waitMarker(ctx, cfg, stdout, exited)
+	if !reached && strings.Contains(why, "(stuck)") {
+		select {
+		case <-exited:
+		default:
+			s.Info["stall"] = stallReport(vmm, pid, exited, stderr.String)
+		}
+	}
 	if reached {
 		s.Metrics[mLaunchToInit] = ms(stdout.at.Sub(start))
 		// KVM's counters first: the guest keeps running.

@@ -27,18 +27,27 @@ func stallReport(vmm string, pid int, exited <-chan struct{}, errTail func() str
 		comm := readTrim(filepath.Join(t, "comm"))
 		wchan := readTrim(filepath.Join(t, "wchan"))
 		sys := readTrim(filepath.Join(t, "syscall"))
-		state := ""
-		if f := strings.Fields(readTrim(filepath.Join(t, "stat"))); len(f) > 2 {
-			state = f[2]
+		// stat's fields after the command (which may hold spaces):
+		// state is the 3rd field, the CPU last run on the 39th.
+		state, cpu := "?", "?"
+		if stat := readTrim(filepath.Join(t, "stat")); strings.LastIndexByte(stat, ')') > 0 {
+			f := strings.Fields(stat[strings.LastIndexByte(stat, ')')+1:])
+			if len(f) > 36 {
+				state, cpu = f[0], f[36]
+			}
 		}
 		if f := strings.Fields(sys); len(f) > 2 {
 			sys = strings.Join(f[:3], " ") // number, first two arguments
 		}
-		fmt.Fprintf(&b, " [%s %s %s wchan=%s syscall=%s]", filepath.Base(t), comm, state, wchan, sys)
+		fmt.Fprintf(&b, " [%s %s %s cpu=%s wchan=%s syscall=%s]", filepath.Base(t), comm, state, cpu, wchan, sys)
 	}
+	// Local timer interrupts per CPU: a CPU whose count stops has lost
+	// its timer (docs/testbed.md), and whatever is pinned there stops too.
+	locBefore := timerInterrupts()
 	before, err := readKVMStats(kvmDebugfs, "/proc", pid)
 	time.Sleep(2 * time.Second)
 	after, err2 := readKVMStats(kvmDebugfs, "/proc", pid)
+	fmt.Fprintf(&b, "; local timer interrupts per CPU: %s, 2 s later %s", locBefore, timerInterrupts())
 	if err == nil && err2 == nil {
 		var moved []string
 		for k, v := range after {
@@ -67,4 +76,22 @@ func readTrim(path string) string {
 		return "?"
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// timerInterrupts returns the per-CPU counts of /proc/interrupts' LOC line.
+func timerInterrupts() string {
+	b, _ := os.ReadFile("/proc/interrupts")
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[0] == "LOC:" {
+			var counts []string
+			for _, x := range f[1:] {
+				if x[0] < '0' || x[0] > '9' {
+					break
+				}
+				counts = append(counts, x)
+			}
+			return strings.Join(counts, "/")
+		}
+	}
+	return "?"
 }
