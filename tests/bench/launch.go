@@ -266,6 +266,13 @@ func runBoot(ctx context.Context, cfg Config, c, vmm string, rep int, argv []str
 	if gc := lastGCTrace(log); gc != "" {
 		s.Info["gctrace_last"] = gc
 	}
+	stdout.mu.Lock()
+	clockStart, clockRate, clockOK := guestClock(stdout.clock.lines)
+	stdout.mu.Unlock()
+	if clockOK {
+		s.Metrics[mGuestClockStart] = clockStart
+		s.Metrics[mGuestClockRate] = clockRate
+	}
 	if g := guestUptimeAtInit(stdout.String()); g >= 0 {
 		s.Metrics[mGuestUptimeAtInit] = g
 	}
@@ -404,6 +411,7 @@ type watch struct {
 	at      time.Time // when the pattern arrived; zero until then
 	last    time.Time // the last write
 	hit     chan struct{}
+	clock   lineClock // printk lines and their arrival, for guestClock
 }
 
 func newWatch(pattern string) *watch {
@@ -417,6 +425,9 @@ func (w *watch) Write(p []byte) (int, error) {
 	w.last = now
 	old := w.buf.Len()
 	w.buf.Write(p)
+	if !w.start.IsZero() {
+		w.clock.write(p, now.Sub(w.start))
+	}
 	if w.at.IsZero() {
 		// Only the new bytes and a pattern's length before them can hold
 		// a first occurrence.

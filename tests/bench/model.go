@@ -43,6 +43,8 @@ const (
 	mFirstRunSinceStrt = "first_kvm_run_ms"        // hpcvmm's own log: its start to the BSP's first KVM_RUN
 	mFirstRunSeen      = "first_kvm_run_seen_ms"   // bench clock: launch to that log line arriving
 	mGuestUptimeAtInit = "guest_uptime_at_init_ms" // the guest kernel's uptime when /init ran
+	mGuestClockStart   = "guest_clock_start_ms"    // when the guest's clock started, dated by its console lines' arrival (guestClock)
+	mGuestClockRate    = "guest_clock_rate"        // the guest clock's rate against wall time over the same lines
 	mRSS               = "vmrss_kib"               // VmRSS + HugetlbPages at the marker
 	mHugetlb           = "hugetlb_kib"             // of which HugetlbPages
 	mRSSGuest          = "guest_ram_rss_kib"       // resident part of the guest RAM mapping(s)
