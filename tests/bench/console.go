@@ -148,6 +148,13 @@ func runConsole(ctx context.Context, cfg Config, vmm string, rep int) Sample {
 	fail := func(format string, a ...any) Sample {
 		s.Err = fmt.Sprintf(format, a...) + fmt.Sprintf(" after %v; console tail: %q; stderr tail: %q",
 			time.Since(start).Round(time.Millisecond), tail(serial.textOutside(), 400), tail(stderr.textOutside(), 300))
+		if strings.Contains(s.Err, "(stuck)") {
+			select {
+			case <-exited:
+			default:
+				s.Info["stall"] = stallReport(vmm, pid, exited, stderr.textOutside)
+			}
+		}
 		return s
 	}
 	if vmm != vmmHPCVMM {

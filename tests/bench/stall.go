@@ -58,7 +58,7 @@ func stallReport(vmm string, pid int, exited <-chan struct{}, errTail func() str
 		sort.Strings(moved)
 		fmt.Fprintf(&b, "; KVM counters that moved in 2 s: %s", strings.Join(moved, " "))
 	}
-	if vmm != vmmHPCVMM {
+	if vmm != vmmHPCVMM && vmm != vmmHPCVMMGuestKernel {
 		return b.String()
 	}
 	_ = syscall.Kill(pid, syscall.SIGQUIT)
