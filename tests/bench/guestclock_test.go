@@ -10,32 +10,41 @@ import (
 )
 
 // TestGuestClockFromConsoleLines: a boot whose clock starts 3 s after
-// launch and runs at 0.8 of wall time, whose first 100 lines are held back
-// until its console registers and then arrive in one burst, and whose
-// remaining 200 lines arrive up to 2 ms after they are printed: the clock's
-// start and rate come back within a few per cent.
+// launch, prints 20 lines stamped 0 before that, holds its first 100
+// timed lines back until its console registers (one burst), then prints
+// live lines that arrive up to 2 ms after they are printed, with its clock
+// standing still for 1.5 s in the middle: the clock's start comes back
+// within the lines' delay, the 1.5 s as lost, and the rate of the live
+// stretch at the end as 1.
 func TestGuestClockFromConsoleLines(t *testing.T) {
-	const startMs, rate = 3000.0, 0.8
+	const startMs, frozenMs = 3000.0, 1500.0
 	var c lineClock
 	feed := func(arrivalMs, guestMs float64) {
 		c.write([]byte(fmt.Sprintf("\r[%12.6f] some kernel message\r\n", guestMs/1000)), time.Duration(arrivalMs*float64(time.Millisecond)))
 	}
-	register := startMs + 1200/rate // guest 1.2 s: the console registers
-	for i := range 100 {            // the backlog, printed between 0 and 1.2 s
-		feed(register+float64(i)*5, float64(i)*12)
+	for i := range 20 { // before the clock: stamped 0, arriving with the burst
+		feed(startMs+1200+float64(i), 0)
+	}
+	for i := range 100 { // the backlog, printed between 0 and 1.2 s
+		feed(startMs+1220+float64(i)*5, float64(i)*12)
 	}
 	for i := range 200 { // live, from guest 1.7 s to 5.7 s
 		g := 1700 + float64(i)*20
-		feed(startMs+g/rate+float64(i%3), g)
+		lag := 0.0
+		if g > 3000 {
+			lag = frozenMs // the clock stood still at guest 3 s
+		}
+		feed(startMs+g+lag+float64(i%3), g)
 	}
 	c.write([]byte("HPCVMM-GUEST-MARKER init-started\n[    5.8"), time.Hour) // no timestamp; a partial line
-	require.Len(t, c.lines, 300)
-	s, r, ok := guestClock(c.lines)
+	require.Len(t, c.lines, 320)
+	s, lost, r, ok := guestClock(c.lines)
 	require.True(t, ok)
-	assert.InDelta(t, startMs, s, 30)
-	assert.InDelta(t, rate, r, 0.02)
+	assert.InDelta(t, startMs, s, 3)
+	assert.InDelta(t, frozenMs, lost, 5)
+	assert.InDelta(t, 1, r, 0.01)
 
-	_, _, ok = guestClock(c.lines[:20])
+	_, _, _, ok = guestClock(c.lines[:20])
 	assert.False(t, ok, "too few lines")
 }
 

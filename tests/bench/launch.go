@@ -267,10 +267,11 @@ func runBoot(ctx context.Context, cfg Config, c, vmm string, rep int, argv []str
 		s.Info["gctrace_last"] = gc
 	}
 	stdout.mu.Lock()
-	clockStart, clockRate, clockOK := guestClock(stdout.clock.lines)
+	clockStart, clockLost, clockRate, clockOK := guestClock(stdout.clock.lines)
 	stdout.mu.Unlock()
 	if clockOK {
 		s.Metrics[mGuestClockStart] = clockStart
+		s.Metrics[mGuestClockLost] = clockLost
 		s.Metrics[mGuestClockRate] = clockRate
 	}
 	if g := guestUptimeAtInit(stdout.String()); g >= 0 {

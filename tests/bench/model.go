@@ -44,7 +44,8 @@ const (
 	mFirstRunSeen      = "first_kvm_run_seen_ms"   // bench clock: launch to that log line arriving
 	mGuestUptimeAtInit = "guest_uptime_at_init_ms" // the guest kernel's uptime when /init ran
 	mGuestClockStart   = "guest_clock_start_ms"    // when the guest's clock started, dated by its console lines' arrival (guestClock)
-	mGuestClockRate    = "guest_clock_rate"        // the guest clock's rate against wall time over the same lines
+	mGuestClockLost    = "guest_clock_lost_ms"     // wall time the guest's clock did not count by the last line (guestClock)
+	mGuestClockRate    = "guest_clock_rate"        // the guest clock's rate against wall time over the last third of the lines
 	mRSS               = "vmrss_kib"               // VmRSS + HugetlbPages at the marker
 	mHugetlb           = "hugetlb_kib"             // of which HugetlbPages
 	mRSSGuest          = "guest_ram_rss_kib"       // resident part of the guest RAM mapping(s)
