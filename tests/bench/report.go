@@ -144,7 +144,7 @@ func renderMarkdown(rep *Report) string {
 		{mFirstRunSinceStrt, "hpcvmm's log (`first KVM_RUN since_start`, from its Go runtime start)"},
 		{mFirstRunSeen, "the suite (fork/exec → that log line arriving)"},
 		{mHPCVMMPrefault, fmt.Sprintf("of which: prefault of the %d MiB (%s pages; `guest RAM ready prefault`)", rep.Config.MemoryMiB, rep.Config.launchPages())},
-		{mHPCVMMKernel, "alongside the prefault: kernel from the cache, SHA-256 checked (`kernel elapsed`)"},
+		{mHPCVMMKernel, "alongside the prefault: kernel from the cache, SHA-256 checked or its record trusted (`kernel elapsed`)"},
 		{mGuestUptimeAtInit, "for scale: guest kernel uptime when /init ran"},
 	} {
 		if st, ok := ix.get(where, caseLaunch, vmmHPCVMM, m.metric); ok {
