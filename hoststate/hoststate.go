@@ -718,6 +718,10 @@ func RestoreStale(opts Options, bdfs ...host.BDF) (StaleReport, error) {
 	}
 	var errs []error
 	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".tmp-") {
+			removeStaleTemp(opts.StateDir, e.Name())
+			continue
+		}
 		if !strings.HasSuffix(e.Name(), ".json") || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
@@ -756,6 +760,21 @@ func RestoreStale(opts Options, bdfs ...host.BDF) (StaleReport, error) {
 		}
 	}
 	return rep, errors.Join(errs...)
+}
+
+// removeStaleTemp removes a journal's temporary file (".tmp-<pid>-…", see
+// save) once its process is gone: an hpcvmm killed between writing it and
+// renaming it into place. Such a file never recorded a change that was
+// made, since a change is made only after its journal is in place.
+func removeStaleTemp(dir, name string) {
+	pidStr, _, ok := strings.Cut(strings.TrimPrefix(name, ".tmp-"), "-")
+	pid, err := strconv.Atoi(pidStr)
+	if !ok || err != nil || pid <= 0 {
+		return
+	}
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		_ = os.Remove(filepath.Join(dir, name))
+	}
 }
 
 // keep says why journal f must be left alone for now, "" when it may be

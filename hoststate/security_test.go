@@ -3,6 +3,7 @@ package hoststate
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -308,4 +309,21 @@ func TestLooseStateDirectoryAndJournalsAreRefused(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "symbolic link")
 	assert.Empty(t, writes)
+}
+
+// TestRestoreStaleRemovesTemporaryFilesOfGoneProcesses: a journal's
+// temporary file left by an hpcvmm killed while saving is removed once its
+// process is gone, and kept while it runs.
+func TestRestoreStaleRemovesTemporaryFilesOfGoneProcesses(t *testing.T) {
+	k := newKernel(t)
+	state := t.TempDir()
+	gone := filepath.Join(state, fmt.Sprintf(".tmp-%d-00112233aabbccdd.json-123", deadPID(t)))
+	live := filepath.Join(state, fmt.Sprintf(".tmp-%d-00112233aabbccdd.json-456", os.Getppid()))
+	for _, p := range []string{gone, live} {
+		require.NoError(t, os.WriteFile(p, []byte("{"), 0o600))
+	}
+	_, err := RestoreStale(k.opts(t, state, os.Getpid()))
+	require.NoError(t, err)
+	assert.NoFileExists(t, gone)
+	assert.FileExists(t, live)
 }
