@@ -30,9 +30,13 @@ type tarEnt struct {
 	mode             int64
 }
 
-func file(name, body string) tarEnt { return tarEnt{name: name, body: body, typ: tar.TypeReg, mode: 0o644} }
-func exe(name, body string) tarEnt  { return tarEnt{name: name, body: body, typ: tar.TypeReg, mode: 0o755} }
-func dir(name string) tarEnt        { return tarEnt{name: name, typ: tar.TypeDir, mode: 0o755} }
+func file(name, body string) tarEnt {
+	return tarEnt{name: name, body: body, typ: tar.TypeReg, mode: 0o644}
+}
+func exe(name, body string) tarEnt {
+	return tarEnt{name: name, body: body, typ: tar.TypeReg, mode: 0o755}
+}
+func dir(name string) tarEnt { return tarEnt{name: name, typ: tar.TypeDir, mode: 0o755} }
 func symlink(name, target string) tarEnt {
 	return tarEnt{name: name, link: target, typ: tar.TypeSymlink, mode: 0o777}
 }
