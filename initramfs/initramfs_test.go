@@ -224,7 +224,7 @@ func TestCacheTamperedEntryRebuilt(t *testing.T) {
 			b[len(b)/2] ^= 1
 			require.NoError(t, os.WriteFile(p, b, 0o444))
 		},
-		"truncated": func(p string) { require.NoError(t, os.Truncate(p, 100)) },
+		"truncated":      func(p string) { require.NoError(t, os.Truncate(p, 100)) },
 		"group-writable": func(p string) { require.NoError(t, os.Chmod(p, 0o664)) },
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -253,12 +253,23 @@ const keyVersion = "hpcvmm-rootfs-key v1\n"
 //   - a directory: a SHA-256 over every entry's name, type, mode, owner,
 //     size, link target and content — the whole tree is read, so this
 //     costs what reading it costs (see BenchmarkKeyDir).
-func (im *Image) Key() (Key, error) {
-	im.keyOnce.Do(func() { im.key, im.keyErr = im.computeKey() })
+func (im *Image) Key() (Key, error) { return im.KeyUsing(nil) }
+
+// HashMemo hashes files, remembering earlier results (package initramfs's
+// cache keeps a record per file identity), so a warm launch need not read
+// a tar IMAGE again. hashed reports whether the file was read.
+type HashMemo interface {
+	FileSHA256(path string) (sum [sha256.Size]byte, hashed bool, err error)
+}
+
+// KeyUsing is Key with a tar or docker save archive's SHA-256 taken from
+// memo (nil: computed). It gives the same key as Key.
+func (im *Image) KeyUsing(memo HashMemo) (Key, error) {
+	im.keyOnce.Do(func() { im.key, im.keyErr = im.computeKey(memo) })
 	return im.key, im.keyErr
 }
 
-func (im *Image) computeKey() (Key, error) {
+func (im *Image) computeKey(memo HashMemo) (Key, error) {
 	h := sha256.New()
 	io.WriteString(h, keyVersion)
 	fmt.Fprintf(h, "%s\n", im.format)
@@ -270,14 +281,17 @@ func (im *Image) computeKey() (Key, error) {
 		}
 		fmt.Fprintf(h, "%s\n", d)
 	case FormatTar, FormatDockerArchive:
-		f, err := os.Open(im.path)
+		var sum [sha256.Size]byte
+		var err error
+		if memo != nil {
+			sum, _, err = memo.FileSHA256(im.path)
+		} else {
+			sum, err = fileSHA256(im.path)
+		}
 		if err != nil {
 			return Key{}, fmt.Errorf("rootfs: image %s: %w", im.path, err)
 		}
-		defer f.Close()
-		if _, err := io.Copy(h, f); err != nil {
-			return Key{}, fmt.Errorf("rootfs: image %s: %w", im.path, err)
-		}
+		fmt.Fprintf(h, "%x\n", sum)
 	case FormatDir:
 		buf := make([]byte, 1<<20)
 		err := im.Walk(func(e *Entry, content io.Reader) error {
@@ -296,4 +310,18 @@ func (im *Image) computeKey() (Key, error) {
 	var k Key
 	h.Sum(k[:0])
 	return k, nil
+}
+
+func fileSHA256(p string) (sum [sha256.Size]byte, err error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return sum, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return sum, err
+	}
+	h.Sum(sum[:0])
+	return sum, nil
 }
