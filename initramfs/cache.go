@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/hpcvmm/hpcvmm/rootfs"
 )
 
 // The cache keeps built archives the way package vmlinux keeps kernels
@@ -37,9 +39,12 @@ import (
 //     replaced entry is rebuilt, never used;
 //   - least recently used entries evicted beyond a size bound, never one
 //     used in the last evictGrace (a launch between Build and mapping it);
-//   - file hashes (the agent binary, a tar IMAGE) likewise remembered by
-//     identity ("file-<hash of path and identity>.hash"), so a warm launch
-//     hashes nothing it hashed before.
+//   - file hashes (the agent binary, a tar IMAGE, a directory IMAGE's
+//     files) likewise remembered by identity ("file-<hash of path and
+//     identity>.hash", "tree-<hash of the directory>.sums"), so a warm
+//     launch hashes nothing it hashed before. Changing a file's bytes
+//     updates its status-change time, which only root can set back (by
+//     setting the clock); a file replaced by rename has a new inode.
 
 const (
 	metaMagic    = "hpcvmm-initramfs v1\n"
@@ -433,7 +438,8 @@ func (c *Cache) evict(keep string) error {
 			if _, err := os.Lstat(c.archivePath(key)); errors.Is(err, fs.ErrNotExist) && time.Since(fi.ModTime()) > staleTemp {
 				_ = os.Remove(p)
 			}
-		case strings.HasPrefix(name, hashPrefix) && strings.HasSuffix(name, hashExt):
+		case strings.HasPrefix(name, hashPrefix) && strings.HasSuffix(name, hashExt),
+			strings.HasPrefix(name, treePrefix) && strings.HasSuffix(name, treeExt):
 			if time.Since(fi.ModTime()) > 30*24*time.Hour {
 				_ = os.Remove(p)
 			}
@@ -460,4 +466,89 @@ func (c *Cache) evict(keep string) error {
 		return fmt.Errorf("initramfs: cache: evict: %w", errors.Join(errs...))
 	}
 	return nil
+}
+
+// Tree records: "tree-<hash of the directory's path>.sums", one line per
+// regular file of a directory IMAGE: its quoted name, identity and
+// SHA-256.
+const (
+	treePrefix   = "tree-"
+	treeExt      = ".sums"
+	maxTreeBytes = 256 << 20
+)
+
+// treeMemo remembers a directory IMAGE's file hashes (rootfs.TreeMemo).
+type treeMemo struct {
+	c       *Cache
+	root    string
+	rec     string
+	known   map[string]string // name → identity + " " + sum
+	next    strings.Builder   // the record to write
+	changed bool
+}
+
+// TreeMemo returns the memo of the directory IMAGE root's file hashes; it
+// implements rootfs.HashMemo's TreeMemo.
+func (c *Cache) TreeMemo(root string) rootfs.TreeMemo {
+	abs, _ := filepath.Abs(root)
+	rh := sha256.Sum256([]byte(abs))
+	t := &treeMemo{c: c, root: abs, rec: filepath.Join(c.dir, treePrefix+hex.EncodeToString(rh[:16])+treeExt), known: map[string]string{}}
+	b, err := readOwned(t.rec, maxTreeBytes)
+	if err != nil || !bytes.HasPrefix(b, []byte(recordMagic)) {
+		return t
+	}
+	lines := strings.Split(string(b[len(recordMagic):]), "\n")
+	if len(lines) == 0 || lines[0] != abs {
+		return t
+	}
+	for _, l := range lines[1:] {
+		q, rest, ok := strings.Cut(l, "\t")
+		if !ok {
+			continue
+		}
+		if name, err := strconv.Unquote(q); err == nil {
+			t.known[name] = rest
+		}
+	}
+	return t
+}
+
+// Sum returns the file's SHA-256, from the record when the file's identity
+// is the one recorded with it.
+func (t *treeMemo) Sum(name string, fi fs.FileInfo, open func() (io.ReadCloser, error)) (sum [sha256.Size]byte, err error) {
+	id, settled := identityOf(fi)
+	if settled {
+		if rest, ok := t.known[name]; ok {
+			if rid, hx, ok := strings.Cut(rest, "\t"); ok && rid == id {
+				if b, err := hex.DecodeString(hx); err == nil && len(b) == len(sum) {
+					copy(sum[:], b)
+					fmt.Fprintf(&t.next, "%s\t%s\n", strconv.Quote(name), rest)
+					return sum, nil
+				}
+			}
+		}
+	}
+	r, err := open()
+	if err != nil {
+		return sum, err
+	}
+	defer r.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, r); err != nil {
+		return sum, err
+	}
+	h.Sum(sum[:0])
+	t.changed = true
+	if settled {
+		fmt.Fprintf(&t.next, "%s\t%s\t%x\n", strconv.Quote(name), id, sum)
+	}
+	return sum, nil
+}
+
+// Close writes the record when a file was hashed (failures ignored: the
+// next launch hashes again).
+func (t *treeMemo) Close() {
+	if t.changed {
+		_ = t.c.writeFile(t.rec, recordMagic+t.root+"\n"+t.next.String())
+	}
 }

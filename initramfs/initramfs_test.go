@@ -2,6 +2,7 @@ package initramfs
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -361,4 +362,36 @@ func TestBuildFromOCIAndTar(t *testing.T) {
 	hit, err := Build(cfg)
 	require.NoError(t, err)
 	require.True(t, hit.Hit)
+}
+
+func TestDirectoryKeyMemo(t *testing.T) {
+	dir := imageDir(t)
+	c, err := OpenCache(filepath.Join(t.TempDir(), "cache"), 0)
+	require.NoError(t, err)
+	plain, err := rootfs.Open(dir)
+	require.NoError(t, err)
+	want, err := plain.Key()
+	require.NoError(t, err)
+	// First with the memo: the files are read, and the key is Key's.
+	im, _ := rootfs.Open(dir)
+	got, err := im.KeyUsing(c)
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+	// Then the memo answers without opening anything.
+	tm := c.TreeMemo(dir)
+	fi, err := os.Lstat(filepath.Join(dir, "usr/bin/sh"))
+	require.NoError(t, err)
+	noOpen := func() (io.ReadCloser, error) { return nil, errors.New("opened a remembered file") }
+	sum, err := tm.Sum("usr/bin/sh", fi, noOpen)
+	require.NoError(t, err)
+	require.Equal(t, sha256.Sum256([]byte("#!shell")), sum)
+	// A changed file is read again.
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "usr/bin/sh"), []byte("#!other"), 0o755))
+	fi, _ = os.Lstat(filepath.Join(dir, "usr/bin/sh"))
+	_, err = tm.Sum("usr/bin/sh", fi, noOpen)
+	require.ErrorContains(t, err, "opened a remembered file")
+	im, _ = rootfs.Open(dir)
+	changed, err := im.KeyUsing(c)
+	require.NoError(t, err)
+	require.NotEqual(t, want, changed)
 }
