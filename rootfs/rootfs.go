@@ -226,10 +226,14 @@ func (im *Image) Walk(fn func(e *Entry, content io.Reader) error) error {
 		return walkTar(rc, im.path, fn)
 	case FormatOCILayout, FormatDockerArchive:
 		err := walkImage(im.img, im.path, fn)
-		if err != nil && !strings.HasPrefix(err.Error(), "rootfs: ") {
-			return fmt.Errorf("rootfs: image %s: a layer is corrupt or unreadable: %w: pull or save the image again", im.path, err)
+		switch {
+		case err == nil || strings.HasPrefix(err.Error(), "rootfs: "):
+			return err
+		case strings.Contains(err.Error(), "unsafe tar path"):
+			// mutate.Extract's refusal of a "../" entry
+			return fmt.Errorf("rootfs: image %s: a layer has an entry that climbs out of the image root (%w): such an entry would escape the root; rebuild the image without it", im.path, err)
 		}
-		return err
+		return fmt.Errorf("rootfs: image %s: a layer is corrupt or unreadable: %w: pull or save the image again", im.path, err)
 	}
 	return fmt.Errorf("rootfs: image %s: not opened", im.path)
 }

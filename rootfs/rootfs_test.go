@@ -344,3 +344,63 @@ func TestFormatErrorsAreOneLine(t *testing.T) {
 	require.False(t, strings.Contains(err.Error(), "\n"))
 	require.False(t, errors.Is(err, ErrNotFound))
 }
+
+func TestCorruptLayer(t *testing.T) {
+	dir := t.TempDir()
+	p, err := layout.Write(dir, empty.Index)
+	require.NoError(t, err)
+	img := whiteoutImage(t)
+	require.NoError(t, p.AppendImage(img))
+	layers, err := img.Layers()
+	require.NoError(t, err)
+	d, err := layers[0].Digest()
+	require.NoError(t, err)
+	blob := filepath.Join(dir, "blobs", d.Algorithm, d.Hex)
+	b, err := os.ReadFile(blob)
+	require.NoError(t, err)
+	// A layer blob whose bytes no longer match its digest (the gzip stream
+	// kept valid: the tar inside differs).
+	raw := tarBytes(t, file("bin/sh", "tampered"))
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write(raw)
+	zw.Close()
+	require.NotEqual(t, b, gz.Bytes())
+	require.NoError(t, os.WriteFile(blob, gz.Bytes(), 0o644))
+	im, err := Open(dir)
+	require.NoError(t, err)
+	err = im.Walk(func(*Entry, io.Reader) error { return nil })
+	require.ErrorContains(t, err, "a layer is corrupt")
+	require.ErrorContains(t, err, dir)
+
+	// A missing blob.
+	require.NoError(t, os.Remove(blob))
+	im, err = Open(dir)
+	require.NoError(t, err)
+	err = im.Walk(func(*Entry, io.Reader) error { return nil })
+	require.ErrorContains(t, err, "a layer is corrupt or unreadable")
+}
+
+func TestUsageOfArchive(t *testing.T) {
+	im, err := Open(writeFile(t, tarBytes(t, file("a", "12345"), tarEnt{name: "b", link: "a", typ: tar.TypeLink, mode: 0o644}, symlink("c", "a"))))
+	require.NoError(t, err)
+	u, err := im.Usage()
+	require.NoError(t, err)
+	require.Equal(t, Usage{Entries: 3, Bytes: 10, Memory: 3*EntryOverhead + 2*PageSize}, u, "a hard link counts as a copy")
+	got, err := im.LookPath("b", "/")
+	require.ErrorIs(t, err, ErrNotExecutable, got)
+}
+
+func TestCorruptConfigRefusedAtOpen(t *testing.T) {
+	dir := t.TempDir()
+	p, err := layout.Write(dir, empty.Index)
+	require.NoError(t, err)
+	img := whiteoutImage(t)
+	require.NoError(t, p.AppendImage(img))
+	cn, err := img.ConfigName()
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "blobs", cn.Algorithm, cn.Hex), []byte(`{"rootfs":{"type":"layers","diff_ids":[]}}`), 0o644))
+	_, err = Open(dir)
+	require.ErrorContains(t, err, "does not hash to its name")
+	require.ErrorContains(t, err, dir)
+}
