@@ -1,6 +1,7 @@
 package initramfs
 
 import (
+	"archive/tar"
 	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
@@ -8,12 +9,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/hpcvmm/hpcvmm/rootfs"
 	"github.com/stretchr/testify/require"
 	"github.com/u-root/u-root/pkg/cpio"
@@ -394,4 +402,43 @@ func TestDirectoryKeyMemo(t *testing.T) {
 	changed, err := im.KeyUsing(c)
 	require.NoError(t, err)
 	require.NotEqual(t, want, changed)
+}
+
+func TestBuildFromOCILayoutWithWhiteouts(t *testing.T) {
+	layer := func(files map[string]string) v1.Layer {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for _, n := range slices.Sorted(maps.Keys(files)) {
+			require.NoError(t, tw.WriteHeader(&tar.Header{Name: n, Mode: 0o755, Size: int64(len(files[n])), Typeflag: tar.TypeReg}))
+			_, _ = tw.Write([]byte(files[n]))
+		}
+		require.NoError(t, tw.Close())
+		b := buf.Bytes()
+		l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+		require.NoError(t, err)
+		return l
+	}
+	img, err := mutate.AppendLayers(empty.Image,
+		layer(map[string]string{"bin/sh": "#!sh", "etc/deleted": "x", "opq/old": "o"}),
+		layer(map[string]string{"etc/.wh.deleted": "", "opq/.wh..wh..opq": "", "opq/new": "n"}))
+	require.NoError(t, err)
+	dir := t.TempDir()
+	lp, err := layout.Write(dir, empty.Index)
+	require.NoError(t, err)
+	require.NoError(t, lp.AppendImage(img))
+	cfg := config(t, dir)
+	res, err := Build(cfg)
+	require.NoError(t, err)
+	_, content := readArchive(t, res.Path)
+	require.Equal(t, "#!sh", content["bin/sh"])
+	require.Equal(t, "n", content["opq/new"])
+	for _, gone := range []string{"etc/deleted", "etc/.wh.deleted", "opq/old", "opq/.wh..wh..opq"} {
+		_, ok := content[gone]
+		require.False(t, ok, gone)
+	}
+	// The warm launch: the key is the manifest digest, nothing is read.
+	cfg.Image, _ = rootfs.Open(dir)
+	hit, err := Build(cfg)
+	require.NoError(t, err)
+	require.True(t, hit.Hit)
 }
