@@ -442,3 +442,28 @@ func TestBuildFromOCILayoutWithWhiteouts(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, hit.Hit)
 }
+
+// TestBuildWithHostDebianModules builds against the host's real Debian
+// kernel modules (skipped where linux-image-amd64 is not installed; the
+// fixture covers the logic everywhere).
+func TestBuildWithHostDebianModules(t *testing.T) {
+	m, _ := filepath.Glob("/lib/modules/*-amd64/modules.dep")
+	if len(m) == 0 {
+		t.Skip("no Debian kernel modules in /lib/modules: install linux-image-amd64 to run this against real modules")
+	}
+	cfg := config(t, imageDir(t))
+	cfg.Release = filepath.Base(filepath.Dir(m[0]))
+	cfg.HostModules = ""
+	res, err := Build(cfg)
+	require.NoError(t, err)
+	require.Equal(t, "/lib/modules/"+cfg.Release, res.ModuleSource)
+	require.Contains(t, res.Modules, "virtio_console")
+	require.Contains(t, res.Modules, "nvme")
+	_, content := readArchive(t, res.Path)
+	list := strings.Split(strings.TrimSpace(content[".hpcvmm/modules"]), "\n")
+	require.Len(t, list, len(res.Modules))
+	for _, l := range list {
+		require.True(t, strings.HasPrefix(l, "/usr/lib/modules/"+cfg.Release+"/kernel/"), l)
+		require.True(t, strings.HasPrefix(content[strings.TrimPrefix(l, "/")], "\x7fELF"), l)
+	}
+}

@@ -19,6 +19,10 @@ var (
 	ErrNotExecutable = errors.New("not executable")
 )
 
+// DefaultPath is the PATH a job's COMMAND is looked up in when the job's
+// environment sets none: the one Docker and the Linux distributions use.
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 // maxLinks bounds the symlinks one lookup follows, as Linux's MAXSYMLINKS.
 const maxLinks = 40
 
