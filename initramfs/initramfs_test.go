@@ -223,7 +223,7 @@ func TestCacheTamperedEntryRebuilt(t *testing.T) {
 	c, err := OpenCache(cfg.CacheDir, 0)
 	require.NoError(t, err)
 	// A clean hit that trusts the identity record hashes nothing.
-	_, hashed, err := c.get(res.Key)
+	_, _, hashed, err := c.get(res.Key)
 	require.NoError(t, err)
 	require.False(t, hashed)
 
@@ -239,7 +239,7 @@ func TestCacheTamperedEntryRebuilt(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			require.NoError(t, os.Chmod(res.Path, 0o644))
 			tamper(res.Path)
-			_, _, err := c.get(res.Key)
+			_, _, _, err := c.get(res.Key)
 			require.Error(t, err)
 			require.NotErrorIs(t, err, errMiss)
 			cfg.Image, _ = rootfs.Open(cfg.Image.Path())
@@ -370,6 +370,27 @@ func TestBuildFromOCIAndTar(t *testing.T) {
 	hit, err := Build(cfg)
 	require.NoError(t, err)
 	require.True(t, hit.Hit)
+	// A tampered index: the entry is rebuilt.
+	ip := filepath.Join(cfg.CacheDir, hit.Key+indexExt)
+	require.NoError(t, os.Chmod(ip, 0o644))
+	require.NoError(t, os.WriteFile(ip, []byte("hpcvmm-rootfs-index v1\n\"usr/bin/python3\" 493 1 0 0 0 0 0 \"\"\nusage 1 1 1\n"), 0o444))
+	cfg.Image, _ = rootfs.Open(tarPath)
+	again, err := Build(cfg)
+	require.NoError(t, err)
+	require.False(t, again.Hit)
+	require.Contains(t, again.Replaced, "index")
+	cfg.Image, _ = rootfs.Open(tarPath)
+	hit, err = Build(cfg)
+	require.NoError(t, err)
+	require.True(t, hit.Hit)
+	// The hit brought the image's index: LookPath reads nothing of the
+	// tar (here: which is gone).
+	require.NoError(t, os.Remove(tarPath))
+	got, err := cfg.Image.LookPath("ash", rootfs.DefaultPath)
+	require.NoError(t, err)
+	require.Equal(t, "/usr/bin/ash", got)
+	_, err = cfg.Image.LookPath("python3", rootfs.DefaultPath)
+	require.ErrorIs(t, err, rootfs.ErrNotFound)
 }
 
 func TestDirectoryKeyMemo(t *testing.T) {

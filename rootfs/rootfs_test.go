@@ -404,3 +404,36 @@ func TestCorruptConfigRefusedAtOpen(t *testing.T) {
 	require.ErrorContains(t, err, "does not hash to its name")
 	require.ErrorContains(t, err, dir)
 }
+
+func TestIndexRoundTrip(t *testing.T) {
+	p := writeFile(t, tarBytes(t, dir("usr"), dir("usr/bin"), exe("usr/bin/python3.11", "elf"), symlink("usr/bin/py", "python3.11"),
+		symlink("bin", "usr/bin"), tarEnt{name: "usr/bin/hl", link: "usr/bin/python3.11", typ: tar.TypeLink, mode: 0o755},
+		file("odd \"name\" with spaces", "x"), symlink("l", "a \" b")))
+	im, err := Open(p)
+	require.NoError(t, err)
+	// A full walk keeps the index: no second read for lookups.
+	collect(t, im)
+	var buf bytes.Buffer
+	require.NoError(t, im.SaveIndex(&buf))
+	want, err := im.Usage()
+	require.NoError(t, err)
+
+	im2, err := Open(p)
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(p)) // nothing is read from here on
+	require.NoError(t, im2.LoadIndex(bytes.NewReader(buf.Bytes())))
+	got, err := im2.LookPath("hl", "/bin")
+	require.NoError(t, err)
+	require.Equal(t, "/bin/hl", got)
+	_, e, err := im2.Stat("/l")
+	require.ErrorIs(t, err, fs.ErrNotExist, "dangling link")
+	require.Nil(t, e)
+	u, err := im2.Usage()
+	require.NoError(t, err)
+	require.Equal(t, want, u)
+	require.Equal(t, int64(8), u.Entries)
+
+	require.Error(t, im2.LoadIndex(strings.NewReader("garbage")))
+	require.ErrorContains(t, im2.LoadIndex(strings.NewReader(indexMagic+"\n\"../x\" 0 0 0 0 0 0 0 \"\"\nusage 1 0 0\n")), "not clean")
+	require.ErrorContains(t, im2.LoadIndex(strings.NewReader(indexMagic+"\n")), "truncated")
+}
