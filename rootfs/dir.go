@@ -40,17 +40,37 @@ func walkDir(root, image string, fn func(*Entry, io.Reader) error) error {
 		if !e.IsRegular() {
 			return fn(&e, nil)
 		}
-		f, err := openNoFollow(p, fi)
-		if err != nil {
-			return fmt.Errorf("rootfs: image %s: %w", image, err)
-		}
-		defer f.Close()
-		r := &exactReader{r: f, left: e.Size, name: p}
-		if err := fn(&e, r); err != nil {
-			return err
-		}
-		return nil
+		r := &lazyFile{path: p, fi: fi, image: image}
+		defer r.close()
+		return fn(&e, r)
 	})
+}
+
+// lazyFile opens a directory IMAGE's regular file on its first Read, so a
+// walk that only wants metadata (Usage) opens nothing.
+type lazyFile struct {
+	path  string
+	fi    fs.FileInfo
+	image string
+	f     *os.File
+	r     *exactReader
+}
+
+func (l *lazyFile) Read(p []byte) (int, error) {
+	if l.r == nil {
+		f, err := openNoFollow(l.path, l.fi)
+		if err != nil {
+			return 0, fmt.Errorf("rootfs: image %s: %w", l.image, err)
+		}
+		l.f, l.r = f, &exactReader{r: f, left: l.fi.Size(), name: l.path}
+	}
+	return l.r.Read(p)
+}
+
+func (l *lazyFile) close() {
+	if l.f != nil {
+		_ = l.f.Close()
+	}
 }
 
 // dirEntry fills e from a host file's Lstat information.

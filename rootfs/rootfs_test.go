@@ -437,3 +437,22 @@ func TestIndexRoundTrip(t *testing.T) {
 	require.ErrorContains(t, im2.LoadIndex(strings.NewReader(indexMagic+"\n\"../x\" 0 0 0 0 0 0 0 \"\"\nusage 1 0 0\n")), "not clean")
 	require.ErrorContains(t, im2.LoadIndex(strings.NewReader(indexMagic+"\n")), "truncated")
 }
+
+func TestFileSwappedForSymlinkMidWalk(t *testing.T) {
+	root := t.TempDir()
+	p := filepath.Join(root, "f")
+	require.NoError(t, os.WriteFile(p, []byte("data"), 0o644))
+	im, err := Open(root)
+	require.NoError(t, err)
+	err = im.Walk(func(e *Entry, r io.Reader) error {
+		// Between the walk's Lstat and the read, f becomes a link to a
+		// host file: the read must fail, not follow it.
+		require.NoError(t, os.Remove(p))
+		require.NoError(t, os.Symlink("/etc/passwd", p))
+		b, err := io.ReadAll(r)
+		require.Empty(t, b)
+		return err
+	})
+	require.Error(t, err)
+	require.ErrorContains(t, err, root)
+}

@@ -118,6 +118,9 @@ func tarEntry(hdr *tar.Header, image string, e *Entry) error {
 	if err != nil {
 		return fmt.Errorf("rootfs: image %s: %w: such an entry would escape the root; rebuild the image without it", image, err)
 	}
+	if hdr.Uid < 0 || hdr.Gid < 0 || hdr.Uid > 0xffffffff || hdr.Gid > 0xffffffff {
+		return fmt.Errorf("rootfs: image %s: entry %q has owner %d:%d, outside 0..2^32-1: the archive is corrupt", image, hdr.Name, hdr.Uid, hdr.Gid)
+	}
 	*e = Entry{Name: name, UID: hdr.Uid, GID: hdr.Gid, Mode: fs.FileMode(hdr.Mode).Perm()}
 	if hdr.Mode&04000 != 0 {
 		e.Mode |= fs.ModeSetuid
