@@ -311,10 +311,14 @@ type builder struct {
 	top      map[string]string // top-level symlinks of the image → targets
 }
 
+// count adds an entry of size content bytes to the unpacked total and,
+// before it is written, checks the image still fits the guest (Fits) with
+// the entry in the archive too: a build that cannot boot stops before it
+// writes the file that makes it too large.
 func (b *builder) count(size int64) error {
 	b.unpacked += rootfs.EntryOverhead + (size+rootfs.PageSize-1)/rootfs.PageSize*rootfs.PageSize
 	if b.cfg.GuestMemory > 0 {
-		if err := Fits(b.a.size(), b.unpacked, b.cfg.GuestMemory); err != nil {
+		if err := Fits(b.a.size()+size+512, b.unpacked, b.cfg.GuestMemory); err != nil {
 			return fmt.Errorf("initramfs: image %s %w", b.cfg.Image.Path(), err)
 		}
 	}
@@ -326,8 +330,17 @@ func (b *builder) entry(e *rootfs.Entry, content io.Reader) error {
 		return nil
 	}
 	a := b.a
-	var err error
 	size := int64(0)
+	switch {
+	case e.Hardlink:
+		size = a.data[e.Link][1]
+	case e.Mode.IsRegular():
+		size = e.Size
+	}
+	if err := b.count(size); err != nil {
+		return err
+	}
+	var err error
 	switch {
 	case e.IsDir():
 		err = a.dir(e.Name, e.Mode, e.UID, e.GID)
@@ -338,17 +351,15 @@ func (b *builder) entry(e *rootfs.Entry, content io.Reader) error {
 		err = a.symlink(e.Name, e.Link, e.UID, e.GID)
 	case e.Hardlink:
 		err = a.copyOf(e.Name, e.Link, e.Mode.Perm()|e.Mode&(fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky), e.UID, e.GID)
-		size = a.data[e.Name][1]
 	case e.Mode.IsRegular():
 		err = a.file(e.Name, e.Mode, e.UID, e.GID, e.Size, content)
-		size = e.Size
 	default:
 		err = a.node(e.Name, e.Mode, e.UID, e.GID, e.DevMajor, e.DevMinor)
 	}
 	if err != nil {
 		return fmt.Errorf("initramfs: image %s: %w", b.cfg.Image.Path(), err)
 	}
-	return b.count(size)
+	return nil
 }
 
 // extras writes what hpcvmm adds to IMAGE: mount points, the agent, the
@@ -360,10 +371,10 @@ func (b *builder) extras(set *kmodules.Set) error {
 		perm fs.FileMode
 	}{{"proc", 0o555}, {"sys", 0o555}, {"dev", 0o755}, {"tmp", 0o777 | fs.ModeSticky}, {"run", 0o755}} {
 		if !a.all[d.name] {
-			if err := a.dir(d.name, d.perm, 0, 0); err != nil {
+			if err := b.count(0); err != nil {
 				return err
 			}
-			if err := b.count(0); err != nil {
+			if err := a.dir(d.name, d.perm, 0, 0); err != nil {
 				return err
 			}
 		}
@@ -385,10 +396,10 @@ func (b *builder) extras(set *kmodules.Set) error {
 	if err != nil {
 		return fmt.Errorf("initramfs: agent: %w", err)
 	}
-	if err := a.file(strings.TrimPrefix(AgentPath, "/"), 0o755, 0, 0, fi.Size(), io.LimitReader(ag, fi.Size())); err != nil {
+	if err := b.count(fi.Size()); err != nil {
 		return err
 	}
-	if err := b.count(fi.Size()); err != nil {
+	if err := a.file(strings.TrimPrefix(AgentPath, "/"), 0o755, 0, 0, fi.Size(), io.LimitReader(ag, fi.Size())); err != nil {
 		return err
 	}
 
@@ -404,20 +415,20 @@ func (b *builder) extras(set *kmodules.Set) error {
 			if err := a.ensureDirs(name); err != nil {
 				return err
 			}
-			if err := a.file(name, 0o644, 0, 0, int64(len(m.Data)), bytes.NewReader(m.Data)); err != nil {
+			if err := b.count(int64(len(m.Data))); err != nil {
 				return err
 			}
-			if err := b.count(int64(len(m.Data))); err != nil {
+			if err := a.file(name, 0o644, 0, 0, int64(len(m.Data)), bytes.NewReader(m.Data)); err != nil {
 				return err
 			}
 		}
 		list.WriteString("/" + name + "\n")
 	}
 	l := list.String()
-	if err := a.file(strings.TrimPrefix(ModulesList, "/"), 0o644, 0, 0, int64(len(l)), strings.NewReader(l)); err != nil {
+	if err := b.count(int64(len(l))); err != nil {
 		return err
 	}
-	return b.count(int64(len(l)))
+	return a.file(strings.TrimPrefix(ModulesList, "/"), 0o644, 0, 0, int64(len(l)), strings.NewReader(l))
 }
 
 // modulesBase is where lib/modules/RELEASE lies in the archive: below
