@@ -371,6 +371,23 @@ func readRecord(path string) []string {
 	return strings.Split(strings.TrimSuffix(string(b[len(recordMagic):]), "\n"), "\n")
 }
 
+// onlyWeWrite reports whether fi is a file only root and hpcvmm's user can
+// write: owned by one of them, not writable by group or others. Only such
+// a file's identity record is trusted in place of hashing it: another
+// writer can change the bytes without changing the identity (a write
+// through a shared writable mapping to a page already dirty updates no
+// time stamp; a FUSE file system's owner reports whatever identity it
+// likes), and the hash would then name bytes this launch never read (the
+// kernel cache's rule, issue 23). The walk that fills an entry checks what
+// it reads against the key (rootfs.Image.WalkKeyed) in any case.
+func onlyWeWrite(fi fs.FileInfo) bool {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return false
+	}
+	return (st.Uid == 0 || st.Uid == uint32(os.Geteuid())) && fi.Mode().Perm()&0o022 == 0
+}
+
 // identityOf returns fi's identity, and false when it changed too recently
 // to be recorded (within racyWindow).
 func identityOf(fi fs.FileInfo) (string, bool) {
@@ -399,6 +416,7 @@ func (c *Cache) FileSHA256(path string) (sum [sha256.Size]byte, hashed bool, err
 	}
 	abs, _ := filepath.Abs(path)
 	id, settled := identityOf(fi)
+	settled = settled && onlyWeWrite(fi)
 	rh := sha256.Sum256([]byte(abs + "\n" + id))
 	rec := filepath.Join(c.dir, hashPrefix+hex.EncodeToString(rh[:16])+hashExt)
 	if settled {
@@ -543,6 +561,7 @@ func (c *Cache) TreeMemo(root string) rootfs.TreeMemo {
 // is the one recorded with it.
 func (t *treeMemo) Sum(name string, fi fs.FileInfo, open func() (io.ReadCloser, error)) (sum [sha256.Size]byte, err error) {
 	id, settled := identityOf(fi)
+	settled = settled && onlyWeWrite(fi)
 	if settled {
 		if rest, ok := t.known[name]; ok {
 			if rid, hx, ok := strings.Cut(rest, "\t"); ok && rid == id {

@@ -178,7 +178,7 @@ func Build(cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	key, err := cacheKey(cfg, cache)
+	key, agentSum, err := cacheKey(cfg, cache)
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +202,7 @@ func Build(cfg Config) (*Result, error) {
 	case !errors.Is(err, errMiss):
 		res.Replaced = err.Error()
 	}
-	m, err = build(cfg, cache, key)
+	m, err = build(cfg, cache, key, agentSum)
 	if err != nil {
 		return nil, err
 	}
@@ -216,14 +216,14 @@ func (r *Result) fill(m *meta) {
 }
 
 // cacheKey hashes what the archive is built from; see the package doc.
-func cacheKey(cfg Config, cache *Cache) (string, error) {
+func cacheKey(cfg Config, cache *Cache) (key, agentSum string, err error) {
 	imKey, err := cfg.Image.KeyUsing(cache)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
-	agentSum, _, err := cache.FileSHA256(cfg.Agent)
+	sum, _, err := cache.FileSHA256(cfg.Agent)
 	if err != nil {
-		return "", fmt.Errorf("initramfs: agent %s: %w", cfg.Agent, err)
+		return "", "", fmt.Errorf("initramfs: agent %s: %w", cfg.Agent, err)
 	}
 	mods := cfg.Modules
 	if mods == nil {
@@ -243,12 +243,12 @@ func cacheKey(cfg Config, cache *Cache) (string, error) {
 	hostDir, _ = filepath.Abs(hostDir)
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\nimage %s\nagent %x\nrelease %q\nmodules %q\nmodaliases %q\nhost %q %s\n",
-		formatVersion, imKey, agentSum, cfg.Release, norm, aliases, hostDir, kmodules.HostState(hostDir, cfg.Release))
-	return hex.EncodeToString(h.Sum(nil)), nil
+		formatVersion, imKey, sum, cfg.Release, norm, aliases, hostDir, kmodules.HostState(hostDir, cfg.Release))
+	return hex.EncodeToString(h.Sum(nil)), hex.EncodeToString(sum[:]), nil
 }
 
 // build writes the archive for cfg into the cache under key.
-func build(cfg Config, cache *Cache, key string) (m *meta, err error) {
+func build(cfg Config, cache *Cache, key, agentSum string) (m *meta, err error) {
 	im := cfg.Image
 	set, err := kmodules.Resolve(kmodules.Config{Release: cfg.Release, Image: im, HostDir: cfg.HostModules, Modules: cfg.Modules, Modaliases: cfg.Modaliases})
 	if err != nil {
@@ -270,8 +270,14 @@ func build(cfg Config, cache *Cache, key string) (m *meta, err error) {
 	sum := sha256.New()
 	a := newArchive(f)
 	a.cnt.w = io.MultiWriter(a.buf, sum)
-	b := &builder{a: a, cfg: cfg, top: map[string]string{}}
-	if err := im.Walk(b.entry); err != nil {
+	b := &builder{a: a, cfg: cfg, top: map[string]string{}, agentSum: agentSum,
+		modFiles: map[string]bool{}, modSums: map[string][sha256.Size]byte{}}
+	if strings.HasPrefix(set.Source, "image:") {
+		for _, m := range set.Modules {
+			b.modFiles[path.Base(m.File)] = true
+		}
+	}
+	if err := im.WalkKeyed(b.entry); err != nil {
 		return nil, err
 	}
 	if err := b.extras(set); err != nil {
@@ -309,6 +315,11 @@ type builder struct {
 	cfg      Config
 	unpacked int64
 	top      map[string]string // top-level symlinks of the image → targets
+	agentSum string            // the key's SHA-256 of the agent, hex
+	// The base names of the image's module files, and the SHA-256 of each
+	// file of such a name the walk wrote (modules from the image only).
+	modFiles map[string]bool
+	modSums  map[string][sha256.Size]byte
 }
 
 // count adds an entry of size content bytes to the unpacked total and,
@@ -352,7 +363,16 @@ func (b *builder) entry(e *rootfs.Entry, content io.Reader) error {
 	case e.Hardlink:
 		err = a.copyOf(e.Name, e.Link, e.Mode.Perm()|e.Mode&(fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky), e.UID, e.GID)
 	case e.Mode.IsRegular():
-		err = a.file(e.Name, e.Mode, e.UID, e.GID, e.Size, content)
+		if b.modFiles[path.Base(e.Name)] && strings.Contains(e.Name, "/modules/"+b.cfg.Release+"/") {
+			// Perhaps one of the image's modules: remember what the walk
+			// saw of it, to check the copy kmodules read (extras).
+			h := sha256.New()
+			err = a.file(e.Name, e.Mode, e.UID, e.GID, e.Size, io.TeeReader(content, h))
+			var sum [sha256.Size]byte
+			b.modSums[e.Name] = [sha256.Size]byte(h.Sum(sum[:0]))
+		} else {
+			err = a.file(e.Name, e.Mode, e.UID, e.GID, e.Size, content)
+		}
 	default:
 		err = a.node(e.Name, e.Mode, e.UID, e.GID, e.DevMajor, e.DevMinor)
 	}
@@ -399,8 +419,14 @@ func (b *builder) extras(set *kmodules.Set) error {
 	if err := b.count(fi.Size()); err != nil {
 		return err
 	}
-	if err := a.file(strings.TrimPrefix(AgentPath, "/"), 0o755, 0, 0, fi.Size(), io.LimitReader(ag, fi.Size())); err != nil {
+	// Hashed as it is copied and compared with the key's hash of it: the
+	// archive holds the agent its key names, or none.
+	sum := sha256.New()
+	if err := a.file(strings.TrimPrefix(AgentPath, "/"), 0o755, 0, 0, fi.Size(), io.TeeReader(io.LimitReader(ag, fi.Size()), sum)); err != nil {
 		return err
+	}
+	if got := hex.EncodeToString(sum.Sum(nil)); got != b.agentSum {
+		return fmt.Errorf("initramfs: agent %s changed while hpcvmm read it (SHA-256 %s, then %s): launch again", b.cfg.Agent, b.agentSum, got)
 	}
 
 	base, err := b.modulesBase(set.Release)
@@ -410,6 +436,14 @@ func (b *builder) extras(set *kmodules.Set) error {
 	fromImage := strings.HasPrefix(set.Source, "image:")
 	var list strings.Builder
 	for _, m := range set.Modules {
+		if fromImage {
+			// kmodules read the image's module file apart from this walk:
+			// it must be the file the walk (checked against the key) saw.
+			f := base + "/" + m.File
+			if sum, ok := b.modSums[f]; !ok || sum != m.FileSHA256 {
+				return fmt.Errorf("initramfs: image %s: module %s is not the regular file /%s the image holds (changed while hpcvmm read it, or its modules directory is reached through a symlink): launch again, or keep /lib/modules/%s a real directory", b.cfg.Image.Path(), m.Name, f, set.Release)
+			}
+		}
 		name := base + "/" + m.Path
 		if !fromImage || !a.all[name] { // an image that has its modules uncompressed holds them already
 			if err := a.ensureDirs(name); err != nil {

@@ -538,3 +538,62 @@ func TestArchiveUnpacksAndRuns(t *testing.T) {
 	require.Equal(t, "out\njob\n", out)
 	require.Contains(t, err.Error(), "exit status 7")
 }
+
+func TestBuildWithModulesFromImage(t *testing.T) {
+	root := imageDir(t)
+	dst := filepath.Join(root, "usr/lib/modules/6.1.0-test")
+	require.NoError(t, os.CopyFS(dst, os.DirFS(filepath.Join(fixtureModules(t), "6.1.0-test"))))
+	cfg := config(t, root)
+	cfg.HostModules = t.TempDir() // the host has none: only the image's count
+	res, err := Build(cfg)
+	require.NoError(t, err)
+	require.Equal(t, "image:/lib/modules/6.1.0-test", res.ModuleSource)
+	recs, content := readArchive(t, res.Path)
+	count := map[string]int{}
+	for _, r := range recs {
+		count[r.Name]++
+	}
+	// nvme.ko is in the image uncompressed: written once, by the walk.
+	require.Equal(t, 1, count["usr/lib/modules/6.1.0-test/kernel/drivers/nvme/host/nvme.ko"])
+	// virtio.ko.xz is in the image; its decompressed copy is added beside.
+	require.Equal(t, 1, count["usr/lib/modules/6.1.0-test/kernel/drivers/virtio/virtio.ko.xz"])
+	require.True(t, strings.HasPrefix(content["usr/lib/modules/6.1.0-test/kernel/drivers/virtio/virtio.ko"], "\x7fELF fixture module virtio"))
+}
+
+func TestFileHashTrustedOnlyForFilesOthersCannotWrite(t *testing.T) {
+	c, err := OpenCache(filepath.Join(t.TempDir(), "cache"), 0)
+	require.NoError(t, err)
+	p := filepath.Join(t.TempDir(), "image.tar")
+	require.NoError(t, os.WriteFile(p, []byte("bytes"), 0o644))
+	_, hashed, err := c.FileSHA256(p)
+	require.NoError(t, err)
+	require.True(t, hashed)
+	_, hashed, err = c.FileSHA256(p)
+	require.NoError(t, err)
+	require.False(t, hashed, "a file only we can write: its identity record is trusted")
+
+	require.NoError(t, os.Chmod(p, 0o666))
+	for range 2 {
+		sum, hashed, err := c.FileSHA256(p)
+		require.NoError(t, err)
+		require.True(t, hashed, "a file others can write is hashed every time")
+		require.Equal(t, sha256.Sum256([]byte("bytes")), sum)
+	}
+}
+
+// An IMAGE changed between its key and the build's walk is not cached
+// under the key (the kernel cache's poisoning, issue 23): the build fails
+// and leaves nothing.
+func TestBuildRefusesImageChangedAfterItsKey(t *testing.T) {
+	root := imageDir(t)
+	cfg := config(t, root)
+	_, err := cfg.Image.Key()
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(root, "etc/hostname"), []byte("evi\n"), 0o644))
+	_, err = Build(cfg)
+	require.ErrorContains(t, err, "changed while hpcvmm read it")
+	entries, _ := os.ReadDir(cfg.CacheDir)
+	for _, e := range entries {
+		require.False(t, strings.HasSuffix(e.Name(), archiveExt) || strings.HasSuffix(e.Name(), metaExt) || strings.HasPrefix(e.Name(), tempPrefix), "left %s", e.Name())
+	}
+}
