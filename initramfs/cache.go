@@ -46,7 +46,19 @@ import (
 //     identity>.hash", "tree-<hash of the directory>.sums"), so a warm
 //     launch hashes nothing it hashed before. Changing a file's bytes
 //     updates its status-change time, which only root can set back (by
-//     setting the clock); a file replaced by rename has a new inode.
+//     setting the clock); a file replaced by rename has a new inode. That
+//     is not proof against the file's writer (a write through a shared
+//     mapping to a page already dirty updates no time stamp; a FUSE file
+//     system's owner reports whatever identity it likes), and the records
+//     are trusted for files any user owns all the same, because a record
+//     only ever chooses the key: an entry is filled only by a walk that
+//     checked everything it read against that key (rootfs.WalkKeyed, the
+//     agent hashed as copied), so a stale or lied-about identity can make
+//     a launch fail ("changed while hpcvmm read it", and the records are
+//     then forgotten) or serve the tree the key names, never store one tree
+//     under another's key. (The kernel cache, whose fill is not checked
+//     against its key that way, trusts records only for files no one but
+//     root and hpcvmm's user can write.)
 
 const (
 	metaMagic    = "hpcvmm-initramfs v1\n"
@@ -371,23 +383,6 @@ func readRecord(path string) []string {
 	return strings.Split(strings.TrimSuffix(string(b[len(recordMagic):]), "\n"), "\n")
 }
 
-// onlyWeWrite reports whether fi is a file only root and hpcvmm's user can
-// write: owned by one of them, not writable by group or others. Only such
-// a file's identity record is trusted in place of hashing it: another
-// writer can change the bytes without changing the identity (a write
-// through a shared writable mapping to a page already dirty updates no
-// time stamp; a FUSE file system's owner reports whatever identity it
-// likes), and the hash would then name bytes this launch never read (the
-// kernel cache's rule, issue 23). The walk that fills an entry checks what
-// it reads against the key (rootfs.Image.WalkKeyed) in any case.
-func onlyWeWrite(fi fs.FileInfo) bool {
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return false
-	}
-	return (st.Uid == 0 || st.Uid == uint32(os.Geteuid())) && fi.Mode().Perm()&0o022 == 0
-}
-
 // identityOf returns fi's identity, and false when it changed too recently
 // to be recorded (within racyWindow).
 func identityOf(fi fs.FileInfo) (string, bool) {
@@ -398,6 +393,30 @@ func identityOf(fi fs.FileInfo) (string, bool) {
 	newest := time.Unix(0, max(st.Mtim.Nano(), st.Ctim.Nano()))
 	return fmt.Sprintf("dev %d ino %d size %d mtime %d ctime %d", st.Dev, st.Ino, st.Size, st.Mtim.Nano(), st.Ctim.Nano()),
 		time.Since(newest) >= racyWindow
+}
+
+// fileRecordPath is the record of the hash of the file at abs with
+// identity id; treeRecordPath the record of a directory IMAGE's files.
+func (c *Cache) fileRecordPath(abs, id string) string {
+	rh := sha256.Sum256([]byte(abs + "\n" + id))
+	return filepath.Join(c.dir, hashPrefix+hex.EncodeToString(rh[:16])+hashExt)
+}
+
+func (c *Cache) treeRecordPath(abs string) string {
+	rh := sha256.Sum256([]byte(abs))
+	return filepath.Join(c.dir, treePrefix+hex.EncodeToString(rh[:16])+treeExt)
+}
+
+// forget removes the hash records of IMAGE at path (a file or a
+// directory): after a walk found IMAGE other than its key said, the next
+// launch hashes it again instead of failing the same way.
+func (c *Cache) forget(path string) {
+	abs, _ := filepath.Abs(path)
+	_ = os.Remove(c.treeRecordPath(abs))
+	if fi, err := os.Stat(abs); err == nil {
+		id, _ := identityOf(fi)
+		_ = os.Remove(c.fileRecordPath(abs, id))
+	}
 }
 
 // FileSHA256 returns the SHA-256 of the file at path: from the record of
@@ -416,9 +435,7 @@ func (c *Cache) FileSHA256(path string) (sum [sha256.Size]byte, hashed bool, err
 	}
 	abs, _ := filepath.Abs(path)
 	id, settled := identityOf(fi)
-	settled = settled && onlyWeWrite(fi)
-	rh := sha256.Sum256([]byte(abs + "\n" + id))
-	rec := filepath.Join(c.dir, hashPrefix+hex.EncodeToString(rh[:16])+hashExt)
+	rec := c.fileRecordPath(abs, id)
 	if settled {
 		if lines := readRecord(rec); len(lines) == 3 && lines[0] == abs && lines[1] == id {
 			if b, err := hex.DecodeString(lines[2]); err == nil && len(b) == len(sum) {
@@ -535,8 +552,7 @@ type treeMemo struct {
 // implements rootfs.HashMemo's TreeMemo.
 func (c *Cache) TreeMemo(root string) rootfs.TreeMemo {
 	abs, _ := filepath.Abs(root)
-	rh := sha256.Sum256([]byte(abs))
-	t := &treeMemo{c: c, root: abs, rec: filepath.Join(c.dir, treePrefix+hex.EncodeToString(rh[:16])+treeExt), known: map[string]string{}}
+	t := &treeMemo{c: c, root: abs, rec: c.treeRecordPath(abs), known: map[string]string{}}
 	b, err := readOwned(t.rec, maxTreeBytes)
 	if err != nil || !bytes.HasPrefix(b, []byte(recordMagic)) {
 		return t
@@ -561,7 +577,6 @@ func (c *Cache) TreeMemo(root string) rootfs.TreeMemo {
 // is the one recorded with it.
 func (t *treeMemo) Sum(name string, fi fs.FileInfo, open func() (io.ReadCloser, error)) (sum [sha256.Size]byte, err error) {
 	id, settled := identityOf(fi)
-	settled = settled && onlyWeWrite(fi)
 	if settled {
 		if rest, ok := t.known[name]; ok {
 			if rid, hx, ok := strings.Cut(rest, "\t"); ok && rid == id {

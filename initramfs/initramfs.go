@@ -204,6 +204,12 @@ func Build(cfg Config) (*Result, error) {
 	}
 	m, err = build(cfg, cache, key, agentSum)
 	if err != nil {
+		if strings.Contains(err.Error(), "changed while hpcvmm read it") {
+			// The hash records chose a key the files do not match: the next
+			// launch hashes them again rather than failing the same way.
+			cache.forget(cfg.Image.Path())
+			cache.forget(cfg.Agent)
+		}
 		return nil, err
 	}
 	res.fill(m)

@@ -560,25 +560,48 @@ func TestBuildWithModulesFromImage(t *testing.T) {
 	require.True(t, strings.HasPrefix(content["usr/lib/modules/6.1.0-test/kernel/drivers/virtio/virtio.ko"], "\x7fELF fixture module virtio"))
 }
 
-func TestFileHashTrustedOnlyForFilesOthersCannotWrite(t *testing.T) {
-	c, err := OpenCache(filepath.Join(t.TempDir(), "cache"), 0)
+// A record that lies about a file (its identity unchanged, its bytes
+// not: a write through a shared mapping, a FUSE file system) chooses the
+// key, but cannot put other bytes under it: the build's walk checks what
+// it reads, fails, and forgets the record, and the next launch hashes the
+// file and builds it under its true key.
+func TestStaleHashRecordCannotPoison(t *testing.T) {
+	dir := t.TempDir()
+	tarPath := filepath.Join(dir, "image.tar")
+	genuine := filepath.Join(dir, "genuine")
+	require.NoError(t, os.Mkdir(genuine, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(genuine, "sh"), []byte("genuine"), 0o755))
+	out, err := runCmd("/usr/bin/tar", "", "-C", genuine, "-cf", tarPath, ".")
+	require.NoError(t, err, out)
+	genuineTar, err := os.ReadFile(tarPath)
 	require.NoError(t, err)
-	p := filepath.Join(t.TempDir(), "image.tar")
-	require.NoError(t, os.WriteFile(p, []byte("bytes"), 0o644))
-	_, hashed, err := c.FileSHA256(p)
-	require.NoError(t, err)
-	require.True(t, hashed)
-	_, hashed, err = c.FileSHA256(p)
-	require.NoError(t, err)
-	require.False(t, hashed, "a file only we can write: its identity record is trusted")
 
-	require.NoError(t, os.Chmod(p, 0o666))
-	for range 2 {
-		sum, hashed, err := c.FileSHA256(p)
-		require.NoError(t, err)
-		require.True(t, hashed, "a file others can write is hashed every time")
-		require.Equal(t, sha256.Sum256([]byte("bytes")), sum)
-	}
+	// The record says the file holds the genuine tar; it holds another.
+	require.NoError(t, os.WriteFile(filepath.Join(genuine, "sh"), []byte("evil!!!"), 0o755))
+	out, err = runCmd("/usr/bin/tar", "", "-C", genuine, "-cf", tarPath, ".")
+	require.NoError(t, err, out)
+	cfg := config(t, tarPath)
+	c, err := OpenCache(cfg.CacheDir, 0)
+	require.NoError(t, err)
+	fi, err := os.Stat(tarPath)
+	require.NoError(t, err)
+	id, _ := identityOf(fi)
+	abs, _ := filepath.Abs(tarPath)
+	c.writeRecord(c.fileRecordPath(abs, id), abs, id, fmt.Sprintf("%x", sha256.Sum256(genuineTar)))
+	_, hashed, err := c.FileSHA256(tarPath)
+	require.NoError(t, err)
+	require.False(t, hashed, "the lying record is believed")
+
+	_, err = Build(cfg)
+	require.ErrorContains(t, err, "changed while hpcvmm read it")
+	archives, _ := filepath.Glob(filepath.Join(cfg.CacheDir, "*"+archiveExt))
+	require.Empty(t, archives, "nothing stored under the genuine tar's key")
+
+	cfg.Image, _ = rootfs.Open(tarPath)
+	res, err := Build(cfg)
+	require.NoError(t, err, "the record was forgotten: hashed again, built under its own key")
+	_, content := readArchive(t, res.Path)
+	require.Equal(t, "evil!!!", content["sh"])
 }
 
 // An IMAGE changed between its key and the build's walk is not cached
