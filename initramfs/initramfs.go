@@ -165,24 +165,62 @@ func CheckAgent(p string) error {
 // outside the cache directory is written; a build that fails leaves
 // nothing behind in it.
 func Build(cfg Config) (*Result, error) {
-	if cfg.Image == nil {
-		return nil, errors.New("initramfs: Config.Image is nil: open the image with rootfs.Open")
-	}
-	if cfg.Agent == "" || cfg.Release == "" {
-		return nil, errors.New("initramfs: Config.Agent and Config.Release are required: pass os.Executable() and the kernel's release")
-	}
-	if err := CheckAgent(cfg.Agent); err != nil {
-		return nil, err
-	}
-	cache, err := OpenCache(cfg.CacheDir, cfg.CacheMax)
+	res, cache, agentSum, m, err := lookup(cfg)
 	if err != nil {
 		return nil, err
+	}
+	if m != nil {
+		return res, nil
+	}
+	m, err = build(cfg, cache, res.Key, agentSum)
+	if err != nil {
+		if strings.Contains(err.Error(), "changed while hpcvmm read it") {
+			// The hash records chose a key the files do not match: the next
+			// launch hashes them again rather than failing the same way.
+			cache.forget(cfg.Image.Path())
+			cache.forget(cfg.Agent)
+		}
+		return nil, err
+	}
+	res.fill(m)
+	return res, nil
+}
+
+// Lookup is Build without building: the cached initramfs for cfg, or nil
+// (and no error) when the cache holds no usable entry. On a hit,
+// Config.Image's lookups (LookPath, Usage) read nothing of an archive or
+// container IMAGE from then on, so a caller that checks COMMAND before
+// building calls Lookup first: a warm launch then reads nothing of IMAGE
+// at all, and Build afterwards finds the same entry (its hashes are
+// remembered: milliseconds).
+func Lookup(cfg Config) (*Result, error) {
+	res, _, _, m, err := lookup(cfg)
+	if err != nil || m == nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// lookup computes cfg's key and returns the cache's entry for it (m nil
+// on a miss; res.Replaced says why an entry was unusable).
+func lookup(cfg Config) (res *Result, cache *Cache, agentSum string, m *meta, err error) {
+	if cfg.Image == nil {
+		return nil, nil, "", nil, errors.New("initramfs: Config.Image is nil: open the image with rootfs.Open")
+	}
+	if cfg.Agent == "" || cfg.Release == "" {
+		return nil, nil, "", nil, errors.New("initramfs: Config.Agent and Config.Release are required: pass os.Executable() and the kernel's release")
+	}
+	if err := CheckAgent(cfg.Agent); err != nil {
+		return nil, nil, "", nil, err
+	}
+	if cache, err = OpenCache(cfg.CacheDir, cfg.CacheMax); err != nil {
+		return nil, nil, "", nil, err
 	}
 	key, agentSum, err := cacheKey(cfg, cache)
 	if err != nil {
-		return nil, err
+		return nil, nil, "", nil, err
 	}
-	res := &Result{Key: key, Path: cache.archivePath(key)}
+	res = &Result{Key: key, Path: cache.archivePath(key)}
 	m, index, _, err := cache.get(key)
 	if err == nil && index != nil {
 		if lerr := cfg.Image.LoadIndex(bytes.NewReader(index)); lerr != nil {
@@ -195,25 +233,14 @@ func Build(cfg Config) (*Result, error) {
 		res.fill(m)
 		if cfg.GuestMemory > 0 {
 			if err := Fits(m.size, m.unpacked, cfg.GuestMemory); err != nil {
-				return nil, fmt.Errorf("initramfs: image %s %w", cfg.Image.Path(), err)
+				return nil, nil, "", nil, fmt.Errorf("initramfs: image %s %w", cfg.Image.Path(), err)
 			}
 		}
-		return res, nil
+		return res, cache, agentSum, m, nil
 	case !errors.Is(err, errMiss):
 		res.Replaced = err.Error()
 	}
-	m, err = build(cfg, cache, key, agentSum)
-	if err != nil {
-		if strings.Contains(err.Error(), "changed while hpcvmm read it") {
-			// The hash records chose a key the files do not match: the next
-			// launch hashes them again rather than failing the same way.
-			cache.forget(cfg.Image.Path())
-			cache.forget(cfg.Agent)
-		}
-		return nil, err
-	}
-	res.fill(m)
-	return res, nil
+	return res, cache, agentSum, nil, nil
 }
 
 func (r *Result) fill(m *meta) {

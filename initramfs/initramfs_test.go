@@ -620,3 +620,35 @@ func TestBuildRefusesImageChangedAfterItsKey(t *testing.T) {
 		require.False(t, strings.HasSuffix(e.Name(), archiveExt) || strings.HasSuffix(e.Name(), metaExt) || strings.HasPrefix(e.Name(), tempPrefix), "left %s", e.Name())
 	}
 }
+
+func TestLookupBeforeBuild(t *testing.T) {
+	dir := imageDir(t)
+	tarPath := filepath.Join(t.TempDir(), "root.tar")
+	out, err := runCmd("/usr/bin/tar", "", "-C", dir, "-cf", tarPath, ".")
+	require.NoError(t, err, out)
+	cfg := config(t, tarPath)
+	res, err := Lookup(cfg)
+	require.NoError(t, err)
+	require.Nil(t, res, "cold: no entry")
+	built, err := Build(cfg)
+	require.NoError(t, err)
+
+	// Warm: Lookup finds the entry and brings the index, so checking
+	// COMMAND before Build reads nothing of IMAGE (here: truncated after
+	// Lookup, so any walk would fail).
+	cfg.Image, _ = rootfs.Open(tarPath)
+	res, err = Lookup(cfg)
+	require.NoError(t, err)
+	require.NotNil(t, res)
+	require.True(t, res.Hit)
+	require.Equal(t, built.Key, res.Key)
+	require.NoError(t, os.Truncate(tarPath, 1024))
+	_, err = cfg.Image.LookPath("ash", rootfs.DefaultPath)
+	require.NoError(t, err)
+	u, err := cfg.Image.Usage()
+	require.NoError(t, err)
+	require.Positive(t, u.Bytes)
+	again, err := Build(cfg)
+	require.NoError(t, err)
+	require.True(t, again.Hit)
+}
