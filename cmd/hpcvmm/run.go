@@ -90,7 +90,6 @@ func newRunCommand() (*command, *runFlags) {
 		return nil
 	})
 
-
 	g.StringVar(&f.cfg.NCCLTopoFile, "nccl-topo", "", "`FILE`: write the guest's PCI tree of the passthrough devices as an NCCL topology file (NCCL_TOPO_FILE), with the guest's bus IDs")
 
 	g = c.group("Console and logging")
