@@ -325,7 +325,9 @@ func (c *Console) fillPort(p *namedPort) error {
 }
 
 func (c *Console) fillStream(p *namedPort, s *inStream) (pushed bool, err error) {
-	q, ch := p.rx, c.chain
+	// Not c.chain: a guest's PORT_OPEN fills the port while the control
+	// message's chain, in c.chain, is still to be returned.
+	q, ch := p.rx, c.portRx
 	for s.off < s.n {
 		ok, err := q.Pop(ch)
 		if err != nil {
