@@ -40,7 +40,10 @@
 // full the port's chain in progress is held (not returned) and the port's
 // transmitq is left alone until the writer has made room and woken the
 // device through its eventfd. So a ToHost that blocks holds only its own
-// port's chains.
+// port's chains. Port 0's output, by contrast, is still written on the
+// device goroutine (console.go's staging): a console writer that blocks
+// holds every port, so hpcvmm's jobs give port 0 a writer that does not
+// block for long (stderr, or nothing with --quiet).
 
 package console
 
