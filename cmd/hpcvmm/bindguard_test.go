@@ -1,7 +1,9 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
+	"strings"
 	"path/filepath"
 	"testing"
 
@@ -56,4 +58,28 @@ func TestBindRefusesWhatTheHostUses(t *testing.T) {
 	assert.Equal(t, 1, rc)
 	assert.NotContains(t, errs, "the host uses it")
 	assert.Contains(t, errs, "after probing, the device is on virtio-pci")
+}
+
+// TestDevicesMarksWhatTheHostUses: `hpcvmm devices`, where a user picks
+// BDFs, says which functions the host itself uses.
+func TestDevicesMarksWhatTheHostUses(t *testing.T) {
+	tr := hosttest.New(t)
+	tr.AddDevice(hosttest.Device{BDF: "0000:00:03.0", Vendor: 0x8086, DeviceID: 0x10d3, Class: 0x020000, Driver: "e1000e", NUMANode: -1, IOMMUGroup: 3})
+	tr.AddDevice(hosttest.Device{BDF: "0000:00:04.0", Vendor: 0x8086, DeviceID: 0x10d3, Class: 0x020000, Driver: "e1000e", NUMANode: -1, IOMMUGroup: 4})
+	tr.ClassNet("0000:00:03.0", "net", "eth0", 0x1003)
+	tr.ClassNet("0000:00:04.0", "net", "eth1", 0x1002)
+	rc, out, errs := runCLI(devices, "--sysfs", tr.Sys(), "--procfs", tr.Proc())
+	require.Equal(t, 0, rc, errs)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 3, out)
+	assert.Regexp(t, `^0000:00:03.0\s+8086:10d3\s+Ethernet\s+-\s+3\s+e1000e\s+-\s+-\s+the host uses it, not for passthrough: network interface eth0 \(up\)$`, lines[1])
+	assert.Regexp(t, `^0000:00:04.0\s+8086:10d3\s+Ethernet\s+-\s+4\s+e1000e\s+-\s+-$`, lines[2])
+
+	rc, out, _ = runCLI(devices, "--sysfs", tr.Sys(), "--procfs", tr.Proc(), "--json")
+	require.Equal(t, 0, rc)
+	var rows []deviceRow
+	require.NoError(t, json.Unmarshal([]byte(out), &rows))
+	require.Len(t, rows, 2)
+	assert.Equal(t, []string{"network interface eth0 (up)"}, rows[0].HostUse)
+	assert.Empty(t, rows[1].HostUse)
 }
