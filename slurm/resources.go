@@ -30,8 +30,9 @@ const maxMiB = 1 << 40
 // SLURM_MEM_PER_CPU MiB times cpus (the job's CPUs on this node), less
 // Headroom, rounded down to pageSize. A step that a bare srun allocated has
 // neither variable (srun does not export them, sbatch and salloc do), so
-// then the job's MinMemoryNode or MinMemoryCPU comes from `scontrol show
-// job`. ok is false when the job has no memory size at all (none was
+// then the job's memory_per_node or memory_per_cpu comes from `squeue
+// --json` (see JobMemory), the latter times the job's CPUs on this node
+// (SLURM_CPUS_ON_NODE, else cpus). ok is false when the job has no memory size at all (none was
 // requested and the cluster has no default), so the caller keeps its own
 // default; source names where the size came from.
 func (e *Env) GuestMemory(cpus int, pageSize uint64) (bytes uint64, source string, ok bool, err error) {

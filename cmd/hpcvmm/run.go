@@ -127,7 +127,7 @@ SLURM_STEP_NICS/SLURM_JOB_NICS device numbers, mapped through gres.conf's
 File=/dev/vfio/<group>); without --cpu-list the vCPUs go on the step's CPUs
 (sched_getaffinity) on the VM's NUMA node and --cpus defaults to their number;
 without --memory guest RAM is SLURM_MEM_PER_NODE (or SLURM_MEM_PER_CPU x the
-job's CPUs on the node; after a bare srun, scontrol's MinMemoryNode/CPU) less
+job's CPUs on the node; after a bare srun, squeue --json's memory_per_node/cpu) less
 5% and 256 MiB kept for hpcvmm. See docs/slurm.md.
 
 InfiniBand VF options (IB-OPTIONS): node-guid=GUID,port-guid=GUID[,link=auto|
