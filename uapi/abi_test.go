@@ -277,6 +277,7 @@ func abiItems() []abiItem {
 		val("KVM_GET_LAPIC", uint64(kvmGetLAPIC)),
 		val("KVM_SET_LAPIC", uint64(kvmSetLAPIC)),
 		val("KVM_SET_CPUID2", uint64(kvmSetCPUID2)),
+		val("KVM_GET_CPUID2", uint64(kvmGetCPUID2)),
 		val("KVM_GET_MP_STATE", uint64(kvmGetMPState)),
 		val("KVM_SET_MP_STATE", uint64(kvmSetMPState)),
 		val("KVM_NMI", uint64(kvmNMI)),
