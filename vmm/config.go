@@ -70,6 +70,17 @@ type Config struct {
 	CPUList []int
 	// AllowCrossNUMA permits a CPUList spanning several nodes.
 	AllowCrossNUMA bool
+
+	// CPUMode is whether each vCPU owns its host CPU (CPUModeDedicated:
+	// idle vCPUs keep their CPU, HLT and PAUSE stay in the guest) or shares
+	// it (CPUModeShared); CPUModeAuto (empty) is dedicated when every vCPU
+	// has a host CPU no other vCPU uses, shared otherwise.
+	CPUMode CPUMode
+	// RunDir holds the CPU claims of the VMs on this host: without a
+	// CPUList each VM claims the CPUs it pins (RunDir/cpus/N.lock, see
+	// package cpuclaim) and the next VM takes the node's free ones. Empty
+	// means /run/hpcvmm.
+	RunDir string
 	// Console selects the interactive console device.
 	Console ConsoleKind
 	// ConsoleRows and ConsoleCols are the virtio console's initial size
@@ -189,6 +200,14 @@ func (c *Config) Validate() error {
 	}
 	if len(c.APICIDs) > 0 && (len(c.APICIDs) != c.CPUs || c.NoACPI) {
 		errs = append(errs, fieldErr("APICIDs", "%d APIC IDs for %d vCPUs (with ACPI): give one per vCPU", len(c.APICIDs), c.CPUs))
+	}
+	switch c.CPUMode {
+	case CPUModeAuto, CPUModeDedicated, CPUModeShared:
+	default:
+		errs = append(errs, fieldErr("CPUMode", "%q: want dedicated or shared", c.CPUMode))
+	}
+	if c.CPUMode == CPUModeDedicated && len(c.CPUList) > 0 && len(c.CPUList) < c.CPUs {
+		errs = append(errs, fieldErr("CPUMode", "dedicated needs a host CPU of its own per vCPU: the CPU list has %d CPUs for %d vCPUs; list %d CPUs, pass fewer --cpus, or use --cpu-mode shared", len(c.CPUList), c.CPUs, c.CPUs))
 	}
 	switch c.Topology {
 	case "", TopologyHost, TopologyFlat:
