@@ -99,9 +99,9 @@ func TestGuestCPUIDKeepsAMXAndPMU(t *testing.T) {
 	assert.Equal(t, uint64(0x600e7), guestXCR0(out), "XCR0 carries XTILECFG and XTILEDATA")
 }
 
-// cpuModeHost is a synthetic host tree with one node of the given CPUs and
+// cpuModeConfig is a synthetic host tree with one node of the given CPUs and
 // a config for New on it (a real KVM VM; nothing runs).
-func cpuModeConfig(t *testing.T, cpus string) Config {
+func cpuModeConfig(t *testing.T, cpus string) (Config, *hosttest.Tree) {
 	t.Helper()
 	sys, err := uapi.OpenKVM()
 	if err != nil {
@@ -126,7 +126,7 @@ func cpuModeConfig(t *testing.T, cpus string) Config {
 	cfg.SysfsRoot, cfg.ProcfsRoot = tr.Sys(), tr.Proc()
 	cfg.RunDir = t.TempDir()
 	cfg.Topology = TopologyFlat
-	return cfg
+	return cfg, tr
 }
 
 // TestNewDedicated builds a dedicated VM on this host's KVM: KVM got the
@@ -134,7 +134,7 @@ func cpuModeConfig(t *testing.T, cpus string) Config {
 // offers them) before the vCPUs, halt polling is off where KVM has the
 // switch, and each vCPU's KVM feature leaf carries KVM_HINTS_REALTIME.
 func TestNewDedicated(t *testing.T) {
-	cfg := cpuModeConfig(t, "0-1")
+	cfg, _ := cpuModeConfig(t, "0-1")
 	cfg.CPUs, cfg.CPUMode = 2, CPUModeDedicated
 	vm, err := New(cfg)
 	require.NoError(t, err)
@@ -164,7 +164,7 @@ func TestNewDedicated(t *testing.T) {
 
 // TestNewSharedKeepsExits: a shared VM keeps every exit and has no hint.
 func TestNewSharedKeepsExits(t *testing.T) {
-	cfg := cpuModeConfig(t, "0-1")
+	cfg, _ := cpuModeConfig(t, "0-1")
 	cfg.CPUs = 3 // more vCPUs than CPUs: shared, with the warning
 	var log strings.Builder
 	cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
@@ -190,7 +190,7 @@ func TestNewSharedKeepsExits(t *testing.T) {
 // node's free CPUs; once none are free the next is shared (automatic) or
 // refused (dedicated); a closed VM's CPUs are free for the next.
 func TestNewPlacementsClaimCPUs(t *testing.T) {
-	cfg := cpuModeConfig(t, "0-1")
+	cfg, _ := cpuModeConfig(t, "0-1")
 	var log strings.Builder
 	cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
 	a, err := New(cfg)
@@ -235,7 +235,7 @@ func TestNewAMXPermission(t *testing.T) {
 	if !strings.Contains(string(info), " amx_tile") {
 		t.Skip("this CPU reports no amx_tile in /proc/cpuinfo: there is no AMX permission to ask for")
 	}
-	cfg := cpuModeConfig(t, "0")
+	cfg, _ := cpuModeConfig(t, "0")
 	vm, err := New(cfg)
 	require.NoError(t, err)
 	defer vm.Close()
@@ -257,4 +257,28 @@ func TestNewAMXPermission(t *testing.T) {
 	tile, ok := find(cpuid, leafXSave, 18)
 	require.True(t, ok)
 	assert.NotZero(t, tile.EAX, "leaf 0xD.18 gives the tile data size")
+}
+
+// TestOversubscribedVCPUsAreNotSiblings: with --topology host, three vCPUs
+// on two host CPUs (one core's two threads) get a flat topology, not the
+// host core's threads with a third thread added; on distinct CPUs the
+// mirror applies.
+func TestOversubscribedVCPUsAreNotSiblings(t *testing.T) {
+	cfg, tr := cpuModeConfig(t, "0-1")
+	tr.CPU(0, 0, 0, "0-1")
+	tr.CPU(1, 0, 0, "0-1")
+	cfg.Topology = TopologyHost
+	cfg.CPUs = 2
+	vm, err := New(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, 2, vm.topology.ThreadsPerCore, "two vCPUs on SMT siblings: threads of one guest core")
+	vm.Close()
+
+	cfg.CPUs = 3
+	vm, err = New(cfg)
+	require.NoError(t, err)
+	defer vm.Close()
+	assert.Equal(t, []int{0, 1, 0}, vm.place.vcpuCPUs)
+	assert.Equal(t, 1, vm.topology.ThreadsPerCore, "oversubscribed: single-thread cores")
+	assert.Equal(t, []uint32{0, 1, 2}, vm.topology.APICIDs())
 }
