@@ -31,8 +31,12 @@ func (vm *VM) openKVM() error {
 	if err := vm.kvm.RequireCaps(RequiredKVMCaps...); err != nil {
 		return err
 	}
-	if maxCPUs, err := vm.kvm.CheckExtension(uapi.CapMaxVCPUs); err == nil && maxCPUs > 0 && vm.cfg.CPUs > maxCPUs {
-		return fieldErr("CPUs", "%d vCPUs: KVM on this host allows at most %d", vm.cfg.CPUs, maxCPUs)
+	limit, why := VCPULimit(vm.kvm, vm.cfg.NoACPI)
+	if vm.cfg.CPUs > limit {
+		return fieldErr("CPUs", "%d vCPUs: %s", vm.cfg.CPUs, why)
+	}
+	if err := checkVCPUIDs(vm.kvm, vm.topology, limit); err != nil {
+		return err
 	}
 	// Before KVM_GET_SUPPORTED_CPUID: KVM reports AMX only to a process
 	// holding the guest permission.

@@ -55,7 +55,9 @@ type Config struct {
 	Initrd string
 	// Cmdline is the kernel command line.
 	Cmdline string
-	// CPUs is the number of vCPUs (1 to KVM's limit).
+	// CPUs is the number of vCPUs: 1 to VCPULimit (KVM's
+	// KVM_CAP_MAX_VCPUS, at most 2048; 254 with NoACPI). Beyond 254 the
+	// guest runs in x2APIC mode (vmm/x2apic.go).
 	CPUs int
 	// Memory is the guest RAM size in bytes, a multiple of HugePages.
 	Memory uint64
@@ -217,8 +219,8 @@ func (c *Config) Validate() error {
 	if c.CPUs < 1 {
 		errs = append(errs, fieldErr("CPUs", "%d vCPUs: need at least 1", c.CPUs))
 	}
-	if c.CPUs > maxVCPUs {
-		errs = append(errs, fieldErr("CPUs", "%d vCPUs: hpcvmm supports at most %d", c.CPUs, maxVCPUs))
+	if limit, why := tableVCPULimit(c.NoACPI); c.CPUs > limit {
+		errs = append(errs, fieldErr("CPUs", "%d vCPUs: %s", c.CPUs, why))
 	}
 	page := c.pageSize()
 	switch page {
@@ -287,11 +289,6 @@ func checkReadableFile(path string) error {
 	}
 	return f.Close()
 }
-
-// The largest vCPU count hpcvmm builds tables for; KVM's own limit is
-// checked in New. 255 keeps every APIC ID in xAPIC range (no x2APIC-only
-// IDs, so the MP table can describe every CPU).
-const maxVCPUs = 255
 
 // A Linux x86-64 guest with an initramfs does not get to userspace in less.
 const minMemory = 64 << 20
