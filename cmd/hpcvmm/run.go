@@ -158,7 +158,7 @@ var flagNames = map[string]string{
 	"KernelCacheMax": "--kernel-cache-size", "Initrd": "--initrd", "CPUs": "--cpus", "Memory": "--memory",
 	"HugePages": "--hugepages", "NUMANode": "--numa-node", "CPUList": "--cpu-list", "Console": "--console", "PrefaultWorkers": "--prefault-workers",
 	"Passthrough": "--gpu/--vf", "Seccomp": "--seccomp",
-	"Nets": "--net",
+	"Nets": "--net", "CPUMode": "--cpu-mode", "RunDir": "--run-dir",
 }
 
 // parseNet parses one --net value: tap=NAME[,mac=MAC][,queues=N][,vhost=on|off].
