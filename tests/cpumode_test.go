@@ -188,3 +188,45 @@ func TestCPUClaimsKeepVMsApart(t *testing.T) {
 		kill(e)
 	})
 }
+
+// longEnv turns on the long-running tier: scenarios that take many minutes
+// under the test bed's emulation.
+const longEnv = "HPCVMM_TEST_LONG"
+
+// TestManyVCPUsReachInit boots a 256-vCPU guest (APIC IDs up to 255: the
+// x2APIC-only range) and waits for its /init: nproc must equal the count.
+// In the test bed every vCPU is emulated on L1's two CPUs (shared mode,
+// flat topology), so it is in the long-running tier (HPCVMM_TEST_LONG=1,
+// with HPCVMM_VM_TIMEOUT, HPCVMM_L1_TIMEOUT and HPCVMM_L1_STALL raised);
+// it records the launch-to-/init time, or, when the VM times out, how many
+// CPUs the guest had brought up by then.
+func TestManyVCPUsReachInit(t *testing.T) {
+	if os.Getenv(longEnv) != "1" && os.Getenv("HPCVMM_TEST_WHERE") != "inside" {
+		t.Skipf("long-running tier (minutes under emulation): set %s=1", longEnv)
+	}
+	harness.Run(t, harness.ProfileCores, func(t *testing.T, env *harness.Env) {
+		const n = 256
+		start := time.Now()
+		vm := env.StartVM(t, "run",
+			"--kernel", env.L2Kernel(t), "--initrd", env.L2Initrd(t),
+			"--cmdline", "console=ttyS0 reboot=k panic=-1 hpcvmm.scenario=boot",
+			"--cpus", strconv.Itoa(n), "--memory", "1G", "--hugepages", "none")
+		code := vm.Wait()
+		elapsed := time.Since(start)
+		console := vm.Console()
+		brought := regexp.MustCompile(`smp: Brought up \d+ nodes?, (\d+) CPUs`).FindStringSubmatch(console)
+		booting := strings.Count(grepLines(console, "#"), "#") // ".... node  #0, CPUs:  #1 #2 ..." progress
+		env.Record(t, "many_vcpus_elapsed_s", fmt.Sprintf("%.0f", elapsed.Seconds()))
+		env.Record(t, "many_vcpus_exit", strconv.Itoa(code))
+		if brought != nil {
+			env.Record(t, "many_vcpus_brought_up", brought[1])
+		}
+		env.Record(t, "many_vcpus_booting_marks", strconv.Itoa(booting))
+		t.Logf("%d vCPUs: exit %d after %v; smp brought up: %v; AP boot marks seen: %d; log: %s", n, code, elapsed.Round(time.Second), brought, booting, grepLines(vm.Log(), "CPU mode"))
+		require.Equal(t, 0, code, "hpcvmm exit status (console tail: %s)", vm.ConsoleTail(15))
+		g := vm.GuestResults()
+		assert.Equal(t, strconv.Itoa(n), g["nproc"], "nproc in the guest")
+		assert.Equal(t, strconv.Itoa(n), g["cpus_online"])
+		assert.Contains(t, vm.Log(), "x2APIC: KVM takes 32-bit APIC IDs")
+	})
+}
