@@ -28,11 +28,13 @@ type placement struct {
 	// claim holds the vCPUs' host CPUs against other hpcvmm VMs
 	// (cpuclaim) in claimDir; nil when the VM claims none. sharedWhy says
 	// why a VM without a CPU list could not have CPUs of its own, and
-	// claimNote why no claims were tried or what failed (logged by New).
+	// claimNote why no claims were tried and claimErr why taking them
+	// failed (logged by New).
 	claim     *cpuclaim.Claim
 	claimDir  string
 	sharedWhy string
 	claimNote string
+	claimErr  error
 }
 
 // choosePlacement applies the NUMA rules: an explicit --numa-node wins;
@@ -100,7 +102,7 @@ func choosePlacement(cfg *Config, h *host.Host, deviceNode int) (placement, erro
 		claim, claimed, sharedWhy, skipped, err := claimCPUs(cfg, p.node, node.CPUs)
 		switch {
 		case err != nil:
-			p.claimNote = fmt.Sprintf("CPUs not claimed (%v): another VM may be placed on them", err)
+			p.claimErr = err
 		case skipped != "":
 			p.claimNote = "CPUs not claimed: " + skipped
 		case claim != nil:

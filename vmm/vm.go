@@ -203,7 +203,10 @@ func New(cfg Config) (_ *VM, err error) {
 	if vm.place, err = choosePlacement(&cfg, h, devNode); err != nil {
 		return nil, err
 	}
-	if vm.place.claimNote != "" {
+	switch {
+	case vm.place.claimErr != nil:
+		log.Warn("CPUs not claimed: another hpcvmm VM may be placed on them", "err", vm.place.claimErr)
+	case vm.place.claimNote != "":
 		log.Debug(vm.place.claimNote)
 	}
 	mode, why, warn, err := decideCPUMode(cfg.CPUMode, vm.place)
