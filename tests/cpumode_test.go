@@ -120,9 +120,14 @@ func TestCPUModeIdleExits(t *testing.T) {
 // it is pinned to.
 func vcpuHostCPU(t *testing.T, vm *harness.VMProcess) int {
 	t.Helper()
-	_, ok := vm.WaitForLine("first KVM_RUN", 2*time.Minute)
-	require.True(t, ok, "the VM never ran: %s", vm.LogTail(20))
-	deadline := time.Now().Add(30 * time.Second)
+	// hpcvmm's log (stderr), not the console WaitForLine reads.
+	deadline := time.Now().Add(2 * time.Minute)
+	for !strings.Contains(vm.Log(), "first KVM_RUN") {
+		require.False(t, vm.Exited(), "hpcvmm exited before its first KVM_RUN: %s", vm.LogTail(20))
+		require.True(t, time.Now().Before(deadline), "the VM never ran: %s", vm.LogTail(20))
+		time.Sleep(50 * time.Millisecond)
+	}
+	deadline = time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		if th := vcpuThreads(t, vm.PID()); len(th) > 0 {
 			cpus := affinity(t, th[0])
