@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hpcvmm/hpcvmm/guestmem"
+	"github.com/hpcvmm/hpcvmm/virtio/console"
 )
 
 func validConfig(t *testing.T) Config {
@@ -55,7 +56,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"kernel is a dir", func(c *Config) { c.Kernel = os.TempDir() }, "Kernel", "directory"},
 		{"missing initrd", func(c *Config) { c.Initrd = "/nonexistent/initrd" }, "Initrd", "does not exist"},
 		{"zero cpus", func(c *Config) { c.CPUs = 0 }, "CPUs", "at least 1"},
-		{"too many cpus", func(c *Config) { c.CPUs = 1000 }, "CPUs", "at most"},
+		{"too many cpus", func(c *Config) { c.CPUs = 4096 }, "CPUs", "at most"},
 		{"no memory", func(c *Config) { c.Memory = 0 }, "Memory", "--memory"},
 		{"tiny memory", func(c *Config) { c.Memory = 1 << 20 }, "Memory", "too small"},
 		{"not a page multiple", func(c *Config) { c.Memory = 1536 << 20 }, "Memory", "not a multiple of the 1G page size"},
@@ -63,6 +64,12 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"bad node", func(c *Config) { c.NUMANode = -7 }, "NUMANode", "not a node"},
 		{"duplicate cpu", func(c *Config) { c.CPUList = []int{1, 1} }, "CPUList", "twice"},
 		{"bad console", func(c *Config) { c.Console = "vga" }, "Console", "unknown console"},
+		{"bad bridge name", func(c *Config) { c.Nets = []NetConfig{{TAP: "t0", Bridge: "br/0"}} }, "Nets", "bridge=br/0"},
+		{"ports without virtio console", func(c *Config) {
+			c.Console = ConsoleSerial
+			c.ConsolePorts = []console.Port{{Name: "a"}}
+		}, "ConsolePorts", "need the virtio console"},
+		{"duplicate port name", func(c *Config) { c.ConsolePorts = []console.Port{{Name: "a"}, {Name: "a"}} }, "ConsolePorts", `ports[1]: name "a" used twice`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/hoststate"
 	"github.com/hpcvmm/hpcvmm/ibvf"
 	"github.com/hpcvmm/hpcvmm/pcitopo"
 	"github.com/hpcvmm/hpcvmm/vmm"
@@ -35,7 +36,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 			"the node's CPUs and free hugepages, RLIMIT_MEMLOCK. Every problem is printed with the command that fixes it. "+
 			"hpcvmm run runs the same checks first.",
 		"hpcvmm check [--gpu BDF]... [--vf BDF]... [--memory SIZE] [--hugepages 1G|2M|none]",
-		"[--cpus N] [--numa-node N|auto] [--json]")
+		"[--cpus N] [--numa-node N|auto] [--cpu-mode dedicated|shared] [--json]")
 	c.footer = `Exit status:
   0  the VM could start (warnings allowed)
   1  a check failed
@@ -50,6 +51,8 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	g.Var(pageSizeValue{&page}, "hugepages", "page size backing guest RAM: 1G, 2M or none")
 	g.IntVar(&req.CPUs, "cpus", req.CPUs, "`N`: vCPUs")
 	g.Var(nodeValue{&req.NUMANode}, "numa-node", "host NUMA node; auto: the node of the first device, else the node with the most free hugepages")
+	var cpuMode vmm.CPUMode
+	g.Var(cpuModeValue{&cpuMode}, "cpu-mode", "dedicated or shared: the CPU mode to check for (default: the one hpcvmm run would choose)")
 	asJSON := c.group("Output").Bool("json", false, "print the report as JSON")
 	sysRoot, procRoot := hostRootFlags(c)
 	c.done()
@@ -66,7 +69,9 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		return c.usageError(stderr, "--cpus %d: want 1 or more", req.CPUs)
 	}
 	req.GPUs, req.VFs, req.PageSize = gpus, vfs, uint64(page)
+	req.CPUMode, req.KVMCheck = string(cpuMode), withCPUChecks(req.KVMCheck, req.CPUs)
 	if *sysRoot == "/sys" {
+		req.RunDir = hoststate.DefaultStateDir // other VMs' CPU claims
 		// The live host: read InfiniBand VFs' GUIDs over netlink, and
 		// open the devices' VFIO groups as the VM would.
 		req.VFIdentity = ibvf.System{}.Identity
@@ -124,16 +129,19 @@ func writeGuestTree(w io.Writer, h *host.Host, gpus, vfs []string) error {
 
 // deviceRow is one device in `hpcvmm devices --json`.
 type deviceRow struct {
-	BDF          string      `json:"bdf"`
-	Vendor       string      `json:"vendor"`
-	Device       string      `json:"device"`
-	Class        string      `json:"class"`
-	ClassName    string      `json:"class_name"`
-	Driver       string      `json:"driver"`
-	NUMANode     int         `json:"numa_node"`
-	IOMMUGroup   int         `json:"iommu_group"`
-	ResetMethods []string    `json:"reset_methods"`
-	VFs          []deviceRow `json:"vfs,omitempty"`
+	BDF          string   `json:"bdf"`
+	Vendor       string   `json:"vendor"`
+	Device       string   `json:"device"`
+	Class        string   `json:"class"`
+	ClassName    string   `json:"class_name"`
+	Driver       string   `json:"driver"`
+	NUMANode     int      `json:"numa_node"`
+	IOMMUGroup   int      `json:"iommu_group"`
+	ResetMethods []string `json:"reset_methods"`
+	// HostUse says what the host uses the function for (its NIC, its
+	// disks): such a function is not for passthrough.
+	HostUse []string    `json:"host_use,omitempty"`
+	VFs     []deviceRow `json:"vfs,omitempty"`
 }
 
 func rowOf(d *host.Device) deviceRow {
@@ -174,15 +182,33 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	rows := make([]deviceRow, 0, len(devs))
-	for _, d := range devs {
+	withUse := func(d *host.Device) (deviceRow, error) {
 		r := rowOf(d)
+		if host.IsVFIODriver(d.Driver) {
+			return r, nil
+		}
+		u, err := h.DeviceUse(d.BDF)
+		r.HostUse = u.Reasons()
+		return r, err
+	}
+	for _, d := range devs {
+		r, err := withUse(d)
+		if err != nil {
+			fmt.Fprintf(stderr, "hpcvmm devices: %v\n", err)
+			return 1
+		}
 		for _, v := range d.VirtFns {
 			vd, err := h.Device(v)
 			if err != nil {
 				fmt.Fprintf(stderr, "hpcvmm devices: VF %s of %s: %v\n", v, d.BDF, err)
 				return 1
 			}
-			r.VFs = append(r.VFs, rowOf(vd))
+			vr, err := withUse(vd)
+			if err != nil {
+				fmt.Fprintf(stderr, "hpcvmm devices: %v\n", err)
+				return 1
+			}
+			r.VFs = append(r.VFs, vr)
 		}
 		rows = append(rows, r)
 	}
@@ -214,8 +240,12 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 		return strconv.Itoa(n)
 	}
 	line := func(prefix string, r deviceRow, vfs string) {
-		fmt.Fprintf(tw, "%s%s\t%s:%s\t%s\t%s\t%s\t%s\t%s\t%s\n", prefix, r.BDF, r.Vendor, r.Device, r.ClassName,
-			num(r.NUMANode), num(r.IOMMUGroup), dash(r.Driver), dash(strings.Join(r.ResetMethods, ",")), vfs)
+		use := ""
+		if len(r.HostUse) > 0 {
+			use = "\tthe host uses it, not for passthrough: " + strings.Join(r.HostUse, "; ")
+		}
+		fmt.Fprintf(tw, "%s%s\t%s:%s\t%s\t%s\t%s\t%s\t%s\t%s%s\n", prefix, r.BDF, r.Vendor, r.Device, r.ClassName,
+			num(r.NUMANode), num(r.IOMMUGroup), dash(r.Driver), dash(strings.Join(r.ResetMethods, ",")), vfs, use)
 	}
 	for _, r := range rows {
 		nvf := "-"

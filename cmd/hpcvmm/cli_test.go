@@ -178,7 +178,7 @@ func TestRunHelpGroups(t *testing.T) {
 	_, out, _ := hpcvmm("run", "--help")
 	groups := map[string][]string{
 		"Guest":               {"kernel", "kernel-decompress", "kernel-cache", "kernel-cache-size", "initrd", "cmdline", "cpus", "memory", "hugepages", "acpi"},
-		"Placement":           {"numa-node", "cpu-list", "allow-cross-numa", "prefault-workers", "topology"},
+		"Placement":           {"numa-node", "cpu-list", "allow-cross-numa", "cpu-mode", "prefault-workers", "topology"},
 		"Devices":             {"gpu", "vf", "bind", "p2p", "net", "nccl-topo"},
 		"Console and logging": {"console", "log-level", "shutdown-timeout", "seccomp"},
 		"Other":               {"help"},
@@ -294,4 +294,40 @@ func TestSeccompFlag(t *testing.T) {
 	var out, errOut bytes.Buffer
 	assert.Equal(t, 2, c.parse([]string{"--seccomp=strict"}, &out, &errOut))
 	assert.Contains(t, errOut.String(), "--seccomp")
+}
+
+// TestUnbindRefusesALooseStateDirectory: `hpcvmm unbind` with a state
+// directory others can write refuses it in one line naming the directory
+// and the fix (exit 1: the host, not the input, is wrong), and lists
+// nothing as restored.
+func TestUnbindRefusesALooseStateDirectory(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.Chmod(dir, 0o777))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "1-00.json"), []byte(`{"pid":1,"changes":[]}`), 0o600))
+	rc, out, errs := hpcvmm("unbind", "--state-dir", dir)
+	assert.Equal(t, 1, rc, errs)
+	assert.NotContains(t, out, "restored:")
+	assert.Equal(t, 1, strings.Count(errs, "\n"), errs)
+	assert.Contains(t, errs, "hpcvmm unbind: hoststate: state directory "+dir)
+	assert.Contains(t, errs, "chmod go-w "+dir)
+}
+
+// TestCPUModeFlag: --cpu-mode sets Config.CPUMode (auto by default), and a
+// bad value names the flag.
+func TestCPUModeFlag(t *testing.T) {
+	for args, want := range map[string]vmm.CPUMode{"": vmm.CPUModeAuto, "--cpu-mode=auto": vmm.CPUModeAuto,
+		"--cpu-mode=dedicated": vmm.CPUModeDedicated, "--cpu-mode=shared": vmm.CPUModeShared} {
+		c, f := newRunCommand()
+		var out, errOut bytes.Buffer
+		var a []string
+		if args != "" {
+			a = []string{args}
+		}
+		require.Equal(t, -1, c.parse(a, &out, &errOut), "%s: %s", args, errOut.String())
+		assert.Equal(t, want, f.toConfig().CPUMode, "%q", args)
+	}
+	c, _ := newRunCommand()
+	var out, errOut bytes.Buffer
+	assert.Equal(t, 2, c.parse([]string{"--cpu-mode=exclusive"}, &out, &errOut))
+	assert.Contains(t, errOut.String(), "--cpu-mode")
 }

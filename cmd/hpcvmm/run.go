@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 
+	"github.com/hpcvmm/hpcvmm/guestnet"
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/slurm"
 	"github.com/hpcvmm/hpcvmm/vmlinux"
@@ -30,6 +31,11 @@ type runFlags struct {
 	cfg             vmm.Config
 	logLevel        slog.Level
 	shutdownTimeout time.Duration
+	consoleRaw      bool
+	// guestNets is the guest's half of each --net (in cfg.Nets' order)
+	// and dns the --dns servers, for a job's spec (netflag.go).
+	guestNets []guestnet.Interface
+	dns       []string
 }
 
 // newRunCommand defines the flags of `hpcvmm run`, grouped as a user scans
@@ -43,6 +49,7 @@ func newRunCommand() (*command, *runFlags) {
 		"[--kernel-decompress host|guest] [--kernel-cache DIR] [--kernel-cache-size SIZE]",
 		"[--memory SIZE] [--hugepages 1G|2M|none]",
 		"[--numa-node N|auto] [--cpu-list LIST] [--allow-cross-numa] [--prefault-workers N]",
+		"[--cpu-mode dedicated|shared]",
 		"[--gpu BDF[,clique=N]|slurm]... [--vf BDF|slurm[,IB-OPTIONS]]...",
 		"[--bind] [--p2p=false]",
 		"[--net tap=NAME[,mac=MAC][,queues=N][,vhost=on|off]]... [--nccl-topo FILE]",
@@ -70,17 +77,19 @@ func newRunCommand() (*command, *runFlags) {
 	g.Var(nodeValue{&f.cfg.NUMANode}, "numa-node", "host NUMA node for guest RAM and vCPUs; auto: the first passthrough device's node, else the node with the most free hugepages")
 	g.Var(cpuListValue{&f.cfg.CPUList}, "cpu-list", "exact host CPUs for the vCPUs, e.g. 4-7 or 4,6,8; vCPU i runs on the i-th (default: the node's CPUs)")
 	g.BoolVar(&f.cfg.AllowCrossNUMA, "allow-cross-numa", false, "accept a --cpu-list that spans NUMA nodes")
+	g.Var(cpuModeValue{&f.cfg.CPUMode}, "cpu-mode", "dedicated: each vCPU owns its host CPU, idle vCPUs keep it (HLT and PAUSE stay in the guest, KVM_HINTS_REALTIME, no halt polling), refused without a free host CPU per vCPU; shared: idle vCPUs exit to the host; auto (default): dedicated when every vCPU has a host CPU of its own. Without --cpu-list each VM claims the node CPUs it pins (/run/hpcvmm/cpus) and the next VM takes the free ones")
 	g.IntVar(&f.cfg.PrefaultWorkers, "prefault-workers", 0, "`N`: threads that fault guest RAM in before the guest starts, each pinned to a CPU of the guest's node (default 0: all of the node's CPUs this process may use, since no vCPU runs yet); the kernel's clearing of the pages is the work, so fewer workers only make start-up slower")
 	g.Var(topologyValue{&f.cfg.Topology}, "topology", "host: vCPUs on SMT siblings are threads of one guest core, vCPUs on cores sharing an L3 share one in the guest, passthrough devices that share a PCIe switch on the host sit behind one emulated switch, the others behind their own root ports; flat: single-thread cores in one package, devices on bus 0")
 
 	g = c.group("Devices")
 	addPassthroughFlags(g, &f.cfg.Passthrough)
-	g.Func("net", "`tap=NAME[,mac=MAC][,queues=N][,vhost=on|off]`: virtio-net on a host TAP, created if absent and removed afterwards; kernel vhost-net when available (repeatable)", func(s string) error {
-		n, err := parseNet(s)
+	g.Func("net", "`tap=NAME[,KEY=VALUE]...`: virtio-net on a host TAP, created if absent and removed afterwards; kernel vhost-net when available; keys: mac=MAC, queues=N, vhost=on|off, bridge=BRIDGE (attach the TAP hpcvmm creates to this existing bridge), ip=ADDRESS/PREFIX|dhcp and gw=GATEWAY (a job's interface in the guest; ADDRESS/PREFIX+rank adds SLURM_PROCID, +node SLURM_NODEID) (repeatable)", func(s string) error {
+		n, g, err := parseNet(s, os.Getenv)
 		if err != nil {
 			return err
 		}
 		f.cfg.Nets = append(f.cfg.Nets, n)
+		f.guestNets = append(f.guestNets, g)
 		return nil
 	})
 
@@ -93,8 +102,21 @@ func newRunCommand() (*command, *runFlags) {
 	g.DurationVar(&f.shutdownTimeout, "shutdown-timeout", f.shutdownTimeout, "`DURATION`: after SIGTERM/SIGINT, how long the guest has to power off after the ACPI power button before it is stopped hard")
 
 	c.hidden(func(fs *pflag.FlagSet) {
+		// --dns is hidden until README's flag table lists it
+		// (TestREADMEMatchesRunFlags), which the jobs wiring brings.
+		fs.Func("dns", "`ADDRESS`: a name server for the job's /etc/resolv.conf in the guest (repeatable; default: with ip=dhcp the DHCP server's, else the host's /etc/resolv.conf name servers that are not loopback addresses)", func(s string) error {
+			if net.ParseIP(s) == nil {
+				return fmt.Errorf("%q: want an IP address", s)
+			}
+			f.dns = append(f.dns, s)
+			return nil
+		})
 		fs.StringVar(&f.cfg.SysfsRoot, "sysfs", "", "sysfs root (tests)")
 		fs.StringVar(&f.cfg.ProcfsRoot, "procfs", "", "procfs root (tests)")
+		// Hidden only until README's flag table (TestREADMEMatchesRunFlags)
+		// lists it: then it belongs in "Console and logging".
+		fs.BoolVar(&f.consoleRaw, "console-raw", false, "pass the guest's console output to a terminal unfiltered; by default terminal control sequences that could harm the terminal (title and clipboard sets, status reports, mode switches) are dropped (docs/hardening.md)")
+		fs.StringVar(&f.cfg.RunDir, "run-dir", "", "run directory of the CPU claims (tests; default /run/hpcvmm)")
 		fs.Var(apicIDsValue{&f.cfg.APICIDs}, "apic-ids", "APIC ID of each vCPU, e.g. 0,256 (tests of x2APIC-only IDs)")
 	})
 	return c.done(), f
@@ -108,7 +130,7 @@ SLURM_STEP_NICS/SLURM_JOB_NICS device numbers, mapped through gres.conf's
 File=/dev/vfio/<group>); without --cpu-list the vCPUs go on the step's CPUs
 (sched_getaffinity) on the VM's NUMA node and --cpus defaults to their number;
 without --memory guest RAM is SLURM_MEM_PER_NODE (or SLURM_MEM_PER_CPU x the
-job's CPUs on the node; after a bare srun, scontrol's MinMemoryNode/CPU) less
+job's CPUs on the node; after a bare srun, squeue --json's memory_per_node/cpu) less
 5% and 256 MiB kept for hpcvmm. See docs/slurm.md.
 
 InfiniBand VF options (IB-OPTIONS): node-guid=GUID,port-guid=GUID[,link=auto|
@@ -155,47 +177,7 @@ var flagNames = map[string]string{
 	"KernelCacheMax": "--kernel-cache-size", "Initrd": "--initrd", "CPUs": "--cpus", "Memory": "--memory",
 	"HugePages": "--hugepages", "NUMANode": "--numa-node", "CPUList": "--cpu-list", "Console": "--console", "PrefaultWorkers": "--prefault-workers",
 	"Passthrough": "--gpu/--vf", "Seccomp": "--seccomp",
-	"Nets": "--net",
-}
-
-// parseNet parses one --net value: tap=NAME[,mac=MAC][,queues=N][,vhost=on|off].
-// The values themselves are checked by vmm.Config.Validate.
-func parseNet(s string) (vmm.NetConfig, error) {
-	var n vmm.NetConfig
-	seen := map[string]bool{}
-	for _, kv := range strings.Split(s, ",") {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || v == "" {
-			return n, fmt.Errorf("%q: want key=value pairs, e.g. tap=tap0,queues=2", kv)
-		}
-		if seen[k] {
-			return n, fmt.Errorf("%q: %s given twice", s, k)
-		}
-		seen[k] = true
-		switch k {
-		case "tap":
-			n.TAP = v
-		case "mac":
-			n.MAC = v
-		case "queues":
-			q, err := strconv.Atoi(v)
-			if err != nil || q < 1 {
-				return n, fmt.Errorf("queues=%s: want a number of queue pairs, at least 1", v)
-			}
-			n.Queues = q
-		case "vhost":
-			if v != vmm.VhostOn && v != vmm.VhostOff {
-				return n, fmt.Errorf("vhost=%s: want on or off", v)
-			}
-			n.Vhost = v
-		default:
-			return n, fmt.Errorf("unknown key %q: use tap, mac, queues or vhost", k)
-		}
-	}
-	if n.TAP == "" {
-		return n, fmt.Errorf("%q: no tap=NAME", s)
-	}
-	return n, nil
+	"Nets": "--net", "CPUMode": "--cpu-mode", "RunDir": "--run-dir",
 }
 
 func describeError(err error) string {
@@ -267,7 +249,7 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	cfg := f.toConfig()
 	cfg.Logger = log
-	cfg.Stdout = stdout
+	cfg.Stdout = consoleOutput(stdout, f.consoleRaw)
 	cfg.Progress = stderr
 	cfg.StartTime = processStart
 

@@ -60,6 +60,11 @@ type Request struct {
 	// RAM is reserved and prefaulted, not minutes later. An fs.ErrNotExist
 	// answer (no group file here) is not reported.
 	GroupOpen func(group int) error `json:"-"`
+	// CPUMode is the requested CPU mode: "dedicated", "shared", or empty
+	// for hpcvmm's choice (cpumode.go). RunDir, if set, is the run
+	// directory whose CPU claims (package cpuclaim) count as taken.
+	CPUMode string `json:"cpu_mode,omitempty"`
+	RunDir  string `json:"run_dir,omitempty"`
 }
 
 func (r Request) pageSize() uint64 {
@@ -146,6 +151,7 @@ func Run(h *host.Host, req Request) Report {
 	c.devicesChecks()
 	c.barSpace()
 	c.node()
+	c.cpuMode()
 	c.memlock()
 	c.placement()
 	return c.rep
@@ -323,9 +329,25 @@ func (c *checker) device(d *host.Device, isVF bool) {
 		c.add("device", subj, Pass, "", "%s", ids)
 	}
 
+	var use host.Use
+	var useErr error
+	if !host.IsVFIODriver(d.Driver) {
+		use, useErr = c.h.DeviceUse(d.BDF)
+	}
+	drv := d.Driver
+	if drv == "" {
+		drv = "no driver"
+	}
 	switch {
 	case host.IsVFIODriver(d.Driver):
 		c.add("driver", subj, Pass, "", "bound to %s", d.Driver)
+	case useErr != nil:
+		c.add("driver", subj, Fail, "", "bound to %s; cannot tell whether the host uses it: %v", drv, useErr)
+	case use.Busy():
+		// Never a rebind for these: it would cut the node off its
+		// network or pull a disk from under it (issue 23).
+		c.add("driver", subj, Fail, "pass another device (hpcvmm devices lists them), or end that use on the host first",
+			"bound to %s, and the host uses it: %s; it cannot be passed through while the host does", drv, use)
 	case d.Driver == "" && c.req.AllowBind:
 		c.add("driver", subj, Warn, "", "no driver bound; --bind binds it to vfio-pci for the VM")
 	case d.Driver == "":
@@ -374,6 +396,7 @@ func (c *checker) group(d *host.Device) {
 		return
 	}
 	var others, offenders, fixes []string
+	hostUsed := false
 	for _, m := range members {
 		if m == d.BDF {
 			continue
@@ -388,12 +411,25 @@ func (c *checker) group(d *host.Device) {
 			drv = "no driver"
 		}
 		others = append(others, fmt.Sprintf("%s (%s)", m, drv))
-		if !groupSafeDriver(md.Driver) {
-			offenders = append(offenders, fmt.Sprintf("%s (%s)", m, md.Driver))
-			fixes = append(fixes, BindFix(m, md.Driver))
+		if groupSafeDriver(md.Driver) {
+			continue
 		}
+		if u, err := c.h.DeviceUse(m); err != nil || u.Busy() {
+			why := fmt.Sprintf("the host uses it: %s", u)
+			if err != nil {
+				why = fmt.Sprintf("cannot tell whether the host uses it: %v", err)
+			}
+			offenders = append(offenders, fmt.Sprintf("%s (%s; %s)", m, md.Driver, why))
+			hostUsed = true
+			continue
+		}
+		offenders = append(offenders, fmt.Sprintf("%s (%s)", m, md.Driver))
+		fixes = append(fixes, BindFix(m, md.Driver))
 	}
 	switch {
+	case hostUsed:
+		c.add("iommu-group", subj, Fail, "pass another device (hpcvmm devices lists them): a group is assigned as a whole",
+			"group %d is not viable and cannot be made so: %s", d.IOMMUGroup, strings.Join(offenders, ", "))
 	case len(offenders) > 0:
 		c.add("iommu-group", subj, Fail, strings.Join(fixes, " && "),
 			"group %d is not viable: %s must be bound to vfio-pci or unbound (a group is assigned as a whole)", d.IOMMUGroup, strings.Join(offenders, ", "))
