@@ -3,6 +3,7 @@ module github.com/hpcvmm/hpcvmm
 go 1.26.8
 
 require (
+	github.com/creack/pty v1.1.24
 	github.com/elastic/go-seccomp-bpf v1.6.0
 	github.com/klauspost/compress v1.18.0
 	github.com/pierrec/lz4/v4 v4.1.22
