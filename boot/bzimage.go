@@ -19,6 +19,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/bits"
+	"strings"
 )
 
 // Setup-header and boot_params offsets. The setup header sits at 0x1f1 both
@@ -190,6 +191,14 @@ func ParseBzImage(image []byte) (*Kernel, error) {
 		}
 	}
 	return k, nil
+}
+
+// Release is the kernel's release, as `uname -r` prints it in the guest:
+// the first word of Version (e.g. "6.1.0-56-amd64"), which names the
+// guest's /lib/modules directory. Empty when the image carries no version.
+func (k *Kernel) Release() string {
+	release, _, _ := strings.Cut(strings.TrimSpace(k.Version), " ")
+	return release
 }
 
 // versionString reads the NUL-terminated version string that kernel_version
