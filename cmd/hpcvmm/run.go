@@ -28,6 +28,7 @@ import (
 // write straight into it) and the CLI's own settings.
 type runFlags struct {
 	cfg             vmm.Config
+	job             jobFlags
 	logLevel        slog.Level
 	shutdownTimeout time.Duration
 }
@@ -48,7 +49,10 @@ func newRunCommand() (*command, *runFlags) {
 		"[--net tap=NAME[,mac=MAC][,queues=N][,vhost=on|off]]... [--nccl-topo FILE]",
 		"[--console virtio|serial|none] [--log-level debug|info|warn|error]",
 		"[--acpi on|off] [--topology host|flat] [--shutdown-timeout DURATION]",
-		"[--seccomp on|off|log]")
+		"[--seccomp on|off|log]",
+		"[--rootfs IMAGE] [--env KEY=VALUE]... [--env-file FILE]... [--workdir DIR]",
+		"[--user UID[:GID]] [--quiet] [--dns ADDRESS]... [--hostname NAME]",
+		"[-- COMMAND [ARG...]]")
 	c.footer = runFooter
 	// The command runs one VM and exits, so the filters are on by default
 	// (the library's zero value is off: see vmm.SeccompOff).
@@ -91,6 +95,8 @@ func newRunCommand() (*command, *runFlags) {
 	g.Var(levelValue{&f.logLevel}, "log-level", "`LEVEL`: debug, info, warn or error (debug adds the start-up timeline: each setup step's start and duration)")
 	g.Var(seccompValue{&f.cfg.Seccomp}, "seccomp", "on: every thread under a syscall allow-list from before the first KVM_RUN, a syscall outside it kills hpcvmm with SIGSYS (dmesg names it); log: let it run and log it; off: no filter, for debugging")
 	g.DurationVar(&f.shutdownTimeout, "shutdown-timeout", f.shutdownTimeout, "`DURATION`: after SIGTERM/SIGINT, how long the guest has to power off after the ACPI power button before it is stopped hard")
+
+	addJobFlags(c, &f.job)
 
 	c.hidden(func(fs *pflag.FlagSet) {
 		fs.StringVar(&f.cfg.SysfsRoot, "sysfs", "", "sysfs root (tests)")
@@ -238,10 +244,17 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if rc := c.parse(args, stdout, stderr); rc >= 0 {
 		return rc
 	}
-	if rc := c.noArgs(stderr, "the kernel is given with --kernel"); rc >= 0 {
-		return rc
+	argv := jobCommand(c.fs)
+	if argv == nil {
+		if rc := c.noArgs(stderr, "the kernel is given with --kernel; a job's COMMAND goes after --"); rc >= 0 {
+			return rc
+		}
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: f.logLevel}))
+	logOut := stderr
+	if f.job.quiet {
+		logOut = io.Discard
+	}
+	log := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: f.logLevel}))
 	// No transparent hugepages for the VMM's own memory. Where THP is
 	// "always" (Debian's kernels) every 2 MiB of the Go heap the VMM
 	// touches becomes a whole resident huge page: measured in the test
@@ -264,6 +277,12 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if err := applySlurm(&f.cfg, c.fs, env, slurm.AllowedCPUs, log); err != nil {
 		fmt.Fprintln(stderr, "hpcvmm run:", err)
 		return 2
+	}
+	if argv != nil {
+		return runJob(c, f, &f.job, argv, stdin, stdout, stderr)
+	}
+	if f.job.rootfs != "" {
+		return c.usageError(stderr, "--rootfs without a COMMAND: give it after --, e.g. hpcvmm run --rootfs %s -- /bin/sh", f.job.rootfs)
 	}
 	cfg := f.toConfig()
 	cfg.Logger = log
