@@ -129,7 +129,7 @@ func tarEntry(hdr *tar.Header, image string, e *Entry) error {
 		e.Mode |= fs.ModeSticky
 	}
 	switch hdr.Typeflag {
-	case tar.TypeReg, tar.TypeRegA, tar.TypeGNUSparse:
+	case tar.TypeReg, tar.TypeGNUSparse: // the reader turns the old TypeRegA into TypeReg
 		if hdr.Size < 0 {
 			return fmt.Errorf("rootfs: image %s: entry %q has a negative size: the archive is corrupt", image, hdr.Name)
 		}

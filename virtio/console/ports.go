@@ -82,7 +82,11 @@ const (
 	// MaxPortName is the longest port name in bytes (Linux takes up to
 	// a page; names are short identifiers).
 	MaxPortName = 255
+)
 
+// Buffer sizes, variables only so that tests can shrink them to reach the
+// partial-copy paths with small inputs.
+var (
 	// portChunk is how much of a FromHost one hand-off carries: eight of
 	// Linux's page-sized receive buffers.
 	portChunk = 32 << 10
