@@ -19,6 +19,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/hpcvmm/hpcvmm/agent"
+	"github.com/hpcvmm/hpcvmm/initramfs"
 	"github.com/hpcvmm/hpcvmm/job"
 	"github.com/hpcvmm/hpcvmm/jobproto"
 	"github.com/hpcvmm/hpcvmm/rootfs"
@@ -38,7 +39,7 @@ type jobFlags struct {
 }
 
 // agentPath is where a job's initramfs holds hpcvmm as its agent.
-const agentPath = "/.hpcvmm/" + agentName
+const agentPath = initramfs.AgentPath
 
 // addJobFlags defines the Job group of `hpcvmm run`.
 func addJobFlags(c *command, f *jobFlags) {
@@ -355,13 +356,10 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, log *slog.Logger, 
 		fmt.Fprintf(stderr, "hpcvmm run: --rootfs: %v\n", err)
 		return "", 2
 	}
-	// The initramfs sits in guest RAM while the kernel unpacks it into
-	// its rootfs, so the tree is there twice at the peak, besides the
-	// kernel's own needs.
-	need := uint64(2*u.Memory + guestBaseRAM)
-	if need > f.cfg.Memory {
-		fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: its %d MiB unpacked need about %d MiB of guest RAM, --memory gives %d MiB: raise --memory or trim the image\n",
-			image, u.Memory>>20, need>>20, f.cfg.Memory>>20)
+	// Checked before the build, from IMAGE's index: the archive is about
+	// its content's size.
+	if err := initramfs.Fits(u.Bytes, u.Memory, int64(f.cfg.Memory)); err != nil {
+		fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: --memory: %v\n", image, err)
 		return "", 2
 	}
 	initrd, err := buildJobInitrd(im, f, log)
@@ -372,6 +370,3 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, log *slog.Logger, 
 	return initrd, -1
 }
 
-// guestBaseRAM is what the guest kernel needs besides the image: its own
-// code and data, page tables, the agent.
-const guestBaseRAM = 128 << 20
