@@ -1,0 +1,266 @@
+//go:build integration
+
+package tests
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hpcvmm/hpcvmm/tests/harness"
+)
+
+// jobResult is one `hpcvmm run ... -- COMMAND` as its caller sees it.
+type jobResult struct {
+	stdout, stderr string
+	code           int
+	took           time.Duration
+}
+
+// syncBuffer is a stdout read while hpcvmm writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// jobArgs are the flags every job scenario boots with: the test bed's L2
+// kernel, one vCPU, 512 MiB on 4 KiB pages.
+func jobArgs(t *testing.T, env *harness.Env, extra ...string) []string {
+	return append([]string{"run", "--kernel", env.L2Kernel(t), "--cpus", "1", "--memory", "512M", "--hugepages", "none"}, extra...)
+}
+
+// runJob runs hpcvmm with args, stdin and stdout as given (nil: empty
+// input, captured output), and during runs while it does.
+func runJob(t *testing.T, env *harness.Env, stdin io.Reader, stdout io.Writer, during func(cmd *exec.Cmd), args ...string) jobResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, env.HPCVMM(t), args...)
+	var out, errOut syncBuffer
+	cmd.Stdin = stdin
+	cmd.Stdout = &out
+	if stdout != nil {
+		cmd.Stdout = stdout
+	}
+	cmd.Stderr = &errOut
+	t0 := time.Now()
+	require.NoError(t, cmd.Start())
+	if during != nil {
+		go during(cmd)
+	}
+	err := cmd.Wait()
+	r := jobResult{stdout: out.String(), stderr: errOut.String(), code: cmd.ProcessState.ExitCode(), took: time.Since(t0)}
+	if ctx.Err() != nil {
+		t.Fatalf("hpcvmm %s did not end within 4m; stderr:\n%s", strings.Join(args, " "), r.stderr)
+	}
+	if _, ok := err.(*exec.ExitError); err != nil && !ok {
+		t.Fatalf("hpcvmm: %v", err)
+	}
+	t.Logf("hpcvmm %s: exit %d in %v", strings.Join(args[len(args)-min(4, len(args)):], " "), r.code, r.took.Round(time.Millisecond))
+	return r
+}
+
+// busyboxRootfs is a directory IMAGE: L1's static busybox and a link for
+// each of its applets in /bin.
+func busyboxRootfs(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "bin"), 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "etc"), 0o755))
+	b, err := os.ReadFile("/bin/busybox")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "bin/busybox"), b, 0o755))
+	for _, a := range busyboxApplets(t) {
+		if a != "busybox" {
+			require.NoError(t, os.Symlink("busybox", filepath.Join(dir, "bin", a)))
+		}
+	}
+	return dir
+}
+
+func busyboxApplets(t *testing.T) []string {
+	out, err := exec.Command("/bin/busybox", "--list").Output()
+	require.NoError(t, err)
+	return strings.Fields(string(out))
+}
+
+// TestJobsBusybox: `hpcvmm run --rootfs DIR -- COMMAND` on a busybox
+// rootfs: streams apart, exit statuses, stdin to end of file, signals, the
+// failures before and at exec, and the initramfs cache.
+func TestJobsBusybox(t *testing.T) {
+	harness.Run(t, harness.ProfileJobs, func(t *testing.T, env *harness.Env) {
+		root := busyboxRootfs(t)
+		rootfs := func(extra ...string) []string { return jobArgs(t, env, append([]string{"--rootfs", root}, extra...)...) }
+
+		t.Run("streams-and-status", func(t *testing.T) {
+			r := runJob(t, env, nil, nil, nil, rootfs("--", "sh", "-c", "echo out; echo err >&2; exit 7")...)
+			assert.Equal(t, 7, r.code, "stderr:\n%s", r.stderr)
+			assert.Equal(t, "out\n", r.stdout, "stdout holds COMMAND's stdout alone")
+			assert.Contains(t, r.stderr, "err\n")
+			assert.NotContains(t, r.stderr, "out\n")
+			env.Record(t, "first_launch_ms", durMS(r.took))
+
+			// --quiet: hpcvmm adds nothing of its own to stderr.
+			r = runJob(t, env, nil, nil, nil, rootfs("--quiet", "--", "sh", "-c", "echo out; echo err >&2; exit 7")...)
+			assert.Equal(t, 7, r.code)
+			assert.Equal(t, "out\n", r.stdout)
+			assert.Equal(t, "err\n", r.stderr)
+		})
+
+		t.Run("cache-hit", func(t *testing.T) {
+			r := runJob(t, env, nil, nil, nil, rootfs("--", "true")...)
+			assert.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+			assert.Contains(t, r.stderr, "initramfs cache hit", "the second launch of the same IMAGE builds nothing")
+			assert.NotContains(t, r.stderr, "initramfs built")
+			env.Record(t, "true_cache_hit_ms", durMS(r.took))
+		})
+
+		t.Run("16MiB-through-cat", func(t *testing.T) {
+			data := make([]byte, 16<<20)
+			_, _ = rand.Read(data)
+			h := sha256.New()
+			r := runJob(t, env, bytes.NewReader(data), h, nil, rootfs("--", "cat")...)
+			require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+			want := sha256.Sum256(data)
+			assert.Equal(t, want[:], h.Sum(nil), "SHA-256 of stdin and of stdout")
+			env.Record(t, "cat_16MiB_ms", durMS(r.took))
+		})
+
+		t.Run("killed-by-signal", func(t *testing.T) {
+			r := runJob(t, env, nil, nil, nil, rootfs("--", "sh", "-c", "kill -TERM $$")...)
+			assert.Equal(t, 143, r.code, "stderr:\n%s", r.stderr)
+		})
+
+		t.Run("missing-command", func(t *testing.T) {
+			r := runJob(t, env, nil, nil, nil, rootfs("--", "no-such-command")...)
+			assert.Equal(t, 127, r.code)
+			assert.Contains(t, r.stderr, "no-such-command")
+			assert.Contains(t, r.stderr, "not found")
+		})
+
+		t.Run("sigterm-reaches-trap", func(t *testing.T) {
+			var out syncBuffer
+			r := runJob(t, env, nil, &out, func(cmd *exec.Cmd) {
+				deadline := time.Now().Add(3 * time.Minute)
+				for time.Now().Before(deadline) && !strings.Contains(out.String(), "ready") {
+					time.Sleep(50 * time.Millisecond)
+				}
+				_ = cmd.Process.Signal(syscall.SIGTERM)
+			}, rootfs("--", "sh", "-c", `trap 'echo trapped; exit 0' TERM; echo ready; while :; do sleep 1; done`)...)
+			assert.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+			assert.Equal(t, "ready\ntrapped\n", out.String())
+		})
+
+		t.Run("dynamic-command-without-libc", func(t *testing.T) {
+			dyn, err := exec.LookPath("nvme") // dynamic, in L1 with its libraries
+			if err != nil {
+				dyn = "/usr/sbin/nvme"
+			}
+			b, err := os.ReadFile(dyn)
+			require.NoError(t, err, "a dynamically linked program in L1")
+			require.NoError(t, os.WriteFile(filepath.Join(root, "bin/dyn"), b, 0o755))
+			defer os.Remove(filepath.Join(root, "bin/dyn"))
+			r := runJob(t, env, nil, nil, nil, rootfs("--", "/bin/dyn", "version")...)
+			assert.Equal(t, 125, r.code, "stderr:\n%s", r.stderr)
+			assert.Contains(t, r.stderr, "ELF interpreter")
+		})
+
+		t.Run("env-workdir-user", func(t *testing.T) {
+			r := runJob(t, env, nil, nil, nil, rootfs("--env", "GREETING=hello", "--workdir", "/etc", "--user", "1000:100",
+				"--", "sh", "-c", `echo "$GREETING $(pwd) $(id -u):$(id -g) $(cat /proc/1/comm)"`)...)
+			assert.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+			assert.Equal(t, "hello /etc 1000:100 hpcvmm-agent\n", r.stdout)
+		})
+	})
+}
+
+// TestJobsOCIWhiteout: an OCI image layout of two layers built here with
+// go-containerregistry, the second deleting a file of the first: the file
+// is absent in the guest, its neighbour present.
+func TestJobsOCIWhiteout(t *testing.T) {
+	harness.Run(t, harness.ProfileJobs, func(t *testing.T, env *harness.Env) {
+		bb, err := os.ReadFile("/bin/busybox")
+		require.NoError(t, err)
+		var l1 []tarEntry
+		l1 = append(l1, tarEntry{name: "bin/", mode: 0o755, typ: tar.TypeDir}, tarEntry{name: "bin/busybox", mode: 0o755, data: bb},
+			tarEntry{name: "etc/", mode: 0o755, typ: tar.TypeDir},
+			tarEntry{name: "etc/secret", mode: 0o644, data: []byte("s")}, tarEntry{name: "etc/keep", mode: 0o644, data: []byte("k")})
+		for _, a := range busyboxApplets(t) {
+			if a != "busybox" {
+				l1 = append(l1, tarEntry{name: "bin/" + a, typ: tar.TypeSymlink, link: "busybox"})
+			}
+		}
+		l2 := []tarEntry{{name: "etc/.wh.secret", mode: 0o644}}
+		img, err := mutate.AppendLayers(empty.Image, tarLayer(t, l1), tarLayer(t, l2))
+		require.NoError(t, err)
+		dir := t.TempDir()
+		p, err := layout.Write(dir, empty.Index)
+		require.NoError(t, err)
+		require.NoError(t, p.AppendImage(img))
+
+		r := runJob(t, env, nil, nil, nil, jobArgs(t, env, "--rootfs", dir, "--",
+			"sh", "-c", "test -e /etc/keep && echo keep-present; test -e /etc/secret && echo secret-present; exit 0")...)
+		assert.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+		assert.Equal(t, "keep-present\n", r.stdout, "the second layer's whiteout removed /etc/secret")
+	})
+}
+
+type tarEntry struct {
+	name string
+	mode int64
+	typ  byte
+	data []byte
+	link string
+}
+
+func tarLayer(t *testing.T, ents []tarEntry) v1.Layer {
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	for _, e := range ents {
+		typ := e.typ
+		if typ == 0 {
+			typ = tar.TypeReg
+		}
+		require.NoError(t, tw.WriteHeader(&tar.Header{Name: e.name, Mode: e.mode, Typeflag: typ, Size: int64(len(e.data)), Linkname: e.link}))
+		_, err := tw.Write(e.data)
+		require.NoError(t, err)
+	}
+	require.NoError(t, tw.Close())
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b.Bytes())), nil })
+	require.NoError(t, err)
+	return l
+}
+
+func durMS(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
