@@ -264,3 +264,18 @@ func tarLayer(t *testing.T, ents []tarEntry) v1.Layer {
 }
 
 func durMS(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+
+// TestJobsDebianPython: a rootfs of Debian packages (busybox-static,
+// python3-minimal and the libraries its interpreter needs), downloaded and
+// unpacked by the test bed with apt-get download and dpkg -x: a dynamically
+// linked python3 with the distribution's own libc runs and its exit status
+// is hpcvmm's.
+func TestJobsDebianPython(t *testing.T) {
+	harness.Run(t, harness.ProfileJobs, func(t *testing.T, env *harness.Env) {
+		r := runJob(t, env, nil, nil, nil, jobArgs(t, env, "--rootfs", harness.JobsDebianRoot, "--",
+			"python3", "-c", "import sys; print(sys.version); sys.exit(5)")...)
+		assert.Equal(t, 5, r.code, "stderr:\n%s", r.stderr)
+		assert.Regexp(t, `^3\.\d+\.\d+ `, r.stdout)
+		env.Record(t, "python_version", strings.TrimSpace(r.stdout))
+	})
+}

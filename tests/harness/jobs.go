@@ -2,8 +2,11 @@ package harness
 
 import (
 	"fmt"
+	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 )
 
 // jobGuestModules are the modules a job's guest loads (kmodules'
@@ -45,5 +48,104 @@ func addJobFiles(im *Image) error {
 		}
 		im.AddFile(p, p, 0o644)
 	}
-	return nil
+	cache, err := CacheDir()
+	if err != nil {
+		return err
+	}
+	deb, err := debianRootfs(cache)
+	if err != nil {
+		return err
+	}
+	return addTree(im, deb, JobsDebianRoot)
+}
+
+// JobsDebianRoot is where the jobs profile's L1 holds a root file system of
+// Debian packages, unpacked by the test bed (debianRootfs), for
+// `hpcvmm run --rootfs` scenarios with files no one here wrote.
+const JobsDebianRoot = "/hpcvmm/jobs/debian"
+
+// debianPackages are busybox-static, python3-minimal and the packages its
+// interpreter needs to start (python3.X-minimal is found from
+// python3-minimal's dependencies): its standard library and the shared
+// libraries python3.X links.
+func debianPackages() ([]string, error) {
+	out, err := exec.Command("apt-cache", "depends", "python3-minimal").Output()
+	if err != nil {
+		return nil, fmt.Errorf("apt-cache depends python3-minimal: %w (Debian's apt is needed for the jobs profile)", err)
+	}
+	var py string
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && strings.HasSuffix(f[0], "Depends:") && strings.HasPrefix(f[1], "python3.") && strings.HasSuffix(f[1], "-minimal") {
+			py = f[1]
+		}
+	}
+	if py == "" {
+		return nil, fmt.Errorf("python3-minimal depends on no python3.X-minimal:\n%s", out)
+	}
+	ver := strings.TrimSuffix(strings.TrimPrefix(py, "python3."), "-minimal")
+	return []string{"busybox-static", "python3-minimal", py, "libpython3." + ver + "-minimal",
+		"libc6", "libexpat1", "zlib1g", "libssl3"}, nil
+}
+
+// debianRootfs downloads the packages (apt-get download, kept in the
+// cache) and unpacks them (dpkg -x) into a fresh directory, returned.
+func debianRootfs(cache string) (string, error) {
+	pkgs, err := debianPackages()
+	if err != nil {
+		return "", err
+	}
+	debs := filepath.Join(cache, "jobs-debian", "debs")
+	if err := os.MkdirAll(debs, 0o755); err != nil {
+		return "", err
+	}
+	have, _ := filepath.Glob(filepath.Join(debs, "*.deb"))
+	if len(have) < len(pkgs) {
+		cmd := exec.Command("apt-get", "download", "-q", "-o", "APT::Sandbox::User=root")
+		cmd.Args = append(cmd.Args, pkgs...)
+		cmd.Dir = debs
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("apt-get download %s: %w\n%s", strings.Join(pkgs, " "), err, out)
+		}
+	}
+	root := filepath.Join(cache, "jobs-debian", "root")
+	if err := os.RemoveAll(root); err != nil {
+		return "", err
+	}
+	all, _ := filepath.Glob(filepath.Join(debs, "*.deb"))
+	for _, d := range all {
+		if out, err := exec.Command("dpkg", "-x", d, root).CombinedOutput(); err != nil {
+			return "", fmt.Errorf("dpkg -x %s: %w\n%s", d, err, out)
+		}
+	}
+	return root, nil
+}
+
+// addTree adds the files and symlinks under src to im under dst.
+func addTree(im *Image, src, dst string) error {
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil || rel == "." {
+			return err
+		}
+		target := filepath.Join(dst, rel)
+		switch {
+		case d.Type()&fs.ModeSymlink != 0:
+			link, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			im.AddSymlink(target, link)
+		case d.Type().IsRegular():
+			fi, err := d.Info()
+			if err != nil {
+				return err
+			}
+			im.AddFile(target, p, fi.Mode().Perm())
+		}
+		return nil
+	})
 }
