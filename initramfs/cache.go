@@ -28,10 +28,12 @@ import (
 //
 //   - a directory owned by root or hpcvmm's user, writable by no one else
 //     (whoever writes there chooses every job's files);
-//   - "<key>.cpio", the archive, 0444, and "<key>.meta", a text record of
-//     its SHA-256, size and what Build reports about it; both written to a
-//     temporary file and renamed into place, the archive first, so a
-//     reader that finds the record finds its whole archive;
+//   - "<key>.cpio", the archive, 0444, "<key>.meta", a text record of its
+//     SHA-256, size and what Build reports about it, and for an archive or
+//     container IMAGE "<key>.index", the image's index (rootfs.SaveIndex:
+//     lookups on a hit read nothing of IMAGE), its SHA-256 in the record;
+//     all written to a temporary file and renamed into place, the record
+//     last, so a reader that finds the record finds the whole entry;
 //   - verified on read: owner, mode and size every time, the content's
 //     SHA-256 on the first read and whenever the file's identity (device,
 //     inode, size, modification and status-change times) differs from the
@@ -52,6 +54,8 @@ const (
 	archiveExt   = ".cpio"
 	metaExt      = ".meta"
 	okExt        = ".ok"
+	indexExt     = ".index"
+	maxIndex     = 1 << 30
 	hashPrefix   = "file-"
 	hashExt      = ".hash"
 	tempPrefix   = ".tmp-"
@@ -143,11 +147,12 @@ type meta struct {
 	modules   []string
 	unmatched []string
 	source    string
+	index     string // SHA-256 of the image's index (rootfs.SaveIndex), "" when none is kept
 }
 
 func (m *meta) encode() string {
-	return fmt.Sprintf("%ssha256 %s\nsize %d\nunpacked %d\nmodules %s\nunmatched %s\nsource %s\n", metaMagic,
-		m.sum, m.size, m.unpacked, strings.Join(m.modules, ","), strings.Join(m.unmatched, ","), m.source)
+	return fmt.Sprintf("%ssha256 %s\nsize %d\nunpacked %d\nmodules %s\nunmatched %s\nsource %s\nindex %s\n", metaMagic,
+		m.sum, m.size, m.unpacked, strings.Join(m.modules, ","), strings.Join(m.unmatched, ","), m.source, m.index)
 }
 
 func decodeMeta(b []byte) (*meta, error) {
@@ -171,6 +176,8 @@ func decodeMeta(b []byte) (*meta, error) {
 			m.unmatched = splitList(v)
 		case "source":
 			m.source = v
+		case "index":
+			m.index = v
 		}
 		if err != nil {
 			return nil, fmt.Errorf("record line %q: %w", line, err)
@@ -192,61 +199,71 @@ func splitList(s string) []string {
 func (c *Cache) archivePath(key string) string { return filepath.Join(c.dir, key+archiveExt) }
 func (c *Cache) metaPath(key string) string    { return filepath.Join(c.dir, key+metaExt) }
 func (c *Cache) okPath(key string) string      { return filepath.Join(c.dir, key+okExt) }
+func (c *Cache) indexPath(key string) string   { return filepath.Join(c.dir, key+indexExt) }
 
 // errMiss is get's error when there is no entry.
 var errMiss = errors.New("initramfs: not in the cache")
 
 // get returns the entry for key after checking it (see the top of the
-// file); errMiss when there is none, another error when it is unusable.
-// hashed says whether the archive's content was hashed.
-func (c *Cache) get(key string) (m *meta, hashed bool, err error) {
+// file), with its image index when it keeps one; errMiss when there is
+// none, another error when it is unusable. hashed says whether the
+// archive's content was hashed.
+func (c *Cache) get(key string) (m *meta, index []byte, hashed bool, err error) {
 	mb, err := readOwned(c.metaPath(key), maxMetaBytes)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, false, errMiss
+		return nil, nil, false, errMiss
 	}
 	if err != nil {
-		return nil, false, err
+		return nil, nil, false, err
 	}
 	if m, err = decodeMeta(mb); err != nil {
-		return nil, false, fmt.Errorf("initramfs: cache record %s: %w", c.metaPath(key), err)
+		return nil, nil, false, fmt.Errorf("initramfs: cache record %s: %w", c.metaPath(key), err)
 	}
 	p := c.archivePath(key)
 	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, false, errMiss
+		return nil, nil, false, errMiss
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("initramfs: cache: %w", err)
+		return nil, nil, false, fmt.Errorf("initramfs: cache: %w", err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, false, fmt.Errorf("initramfs: cache: %w", err)
+		return nil, nil, false, fmt.Errorf("initramfs: cache: %w", err)
 	}
 	if err := checkInfo(p, fi, false); err != nil {
-		return nil, false, err
+		return nil, nil, false, err
 	}
 	if fi.Size() != m.size {
-		return nil, false, fmt.Errorf("initramfs: cache file %s holds %d bytes, its record says %d: truncated or replaced", p, fi.Size(), m.size)
+		return nil, nil, false, fmt.Errorf("initramfs: cache file %s holds %d bytes, its record says %d: truncated or replaced", p, fi.Size(), m.size)
+	}
+	if m.index != "" {
+		if index, err = readOwned(c.indexPath(key), maxIndex); err != nil {
+			return nil, nil, false, fmt.Errorf("initramfs: cache index of %s: %w", key, err)
+		}
+		if got := sha256.Sum256(index); hex.EncodeToString(got[:]) != m.index {
+			return nil, nil, false, fmt.Errorf("initramfs: cache index %s does not match its record: corrupt or replaced", c.indexPath(key))
+		}
 	}
 	id, settled := identityOf(fi)
 	if settled && readRecordLine(c.okPath(key)) == id {
 		now := time.Now()
 		_ = os.Chtimes(c.okPath(key), now, now) // LRU order; a read-only cache still serves
-		return m, false, nil
+		return m, index, false, nil
 	}
 	h := sha256.New()
 	if _, err := io.Copy(h, f); err != nil {
-		return nil, true, fmt.Errorf("initramfs: cache file %s: %w", p, err)
+		return nil, nil, true, fmt.Errorf("initramfs: cache file %s: %w", p, err)
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != m.sum {
-		return nil, true, fmt.Errorf("initramfs: cache file %s has SHA-256 %s, its record says %s: corrupt or replaced", p, got, m.sum)
+		return nil, nil, true, fmt.Errorf("initramfs: cache file %s has SHA-256 %s, its record says %s: corrupt or replaced", p, got, m.sum)
 	}
 	if !settled {
 		id = "unsettled" // matches no identity; its time still orders eviction
 	}
 	c.writeRecord(c.okPath(key), id)
-	return m, true, nil
+	return m, index, true, nil
 }
 
 // readOwned reads a cache file no larger than limit after checking its
@@ -272,13 +289,21 @@ func readOwned(p string, limit int64) ([]byte, error) {
 
 // put moves the archive tmp (a temporary file in the cache directory,
 // closed) into place for key with its record, then evicts.
-func (c *Cache) put(key, tmp string, m *meta) error {
+func (c *Cache) put(key, tmp string, m *meta, index []byte) error {
 	if err := os.Chmod(tmp, 0o444); err != nil {
 		return fmt.Errorf("initramfs: cache: %w", err)
 	}
 	_ = os.Remove(c.okPath(key))
 	if err := os.Rename(tmp, c.archivePath(key)); err != nil {
 		return fmt.Errorf("initramfs: cache: %w", err)
+	}
+	m.index = ""
+	if index != nil {
+		sum := sha256.Sum256(index)
+		m.index = hex.EncodeToString(sum[:])
+		if err := c.writeFile(c.indexPath(key), string(index)); err != nil {
+			return err
+		}
 	}
 	if err := c.writeFile(c.metaPath(key), m.encode()); err != nil {
 		return err
@@ -433,8 +458,8 @@ func (c *Cache) evict(keep string) error {
 			}
 			entries = append(entries, entry{key, fi.Size(), used})
 			total += fi.Size()
-		case strings.HasSuffix(name, metaExt), strings.HasSuffix(name, okExt):
-			key := strings.TrimSuffix(strings.TrimSuffix(name, metaExt), okExt)
+		case strings.HasSuffix(name, metaExt), strings.HasSuffix(name, okExt), strings.HasSuffix(name, indexExt):
+			key := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, metaExt), okExt), indexExt)
 			if _, err := os.Lstat(c.archivePath(key)); errors.Is(err, fs.ErrNotExist) && time.Since(fi.ModTime()) > staleTemp {
 				_ = os.Remove(p)
 			}
@@ -460,6 +485,7 @@ func (c *Cache) evict(keep string) error {
 		}
 		_ = os.Remove(c.metaPath(e.key))
 		_ = os.Remove(c.okPath(e.key))
+		_ = os.Remove(c.indexPath(e.key))
 		total -= e.size
 	}
 	if len(errs) > 0 {

@@ -88,7 +88,9 @@ type Config struct {
 	GuestMemory int64
 }
 
-// Result is a built (or cached) initramfs.
+// Result is a built (or cached) initramfs. After Build, Config.Image's
+// lookups (LookPath, Usage) read nothing of an archive or container IMAGE:
+// its index came from the build's walk or, on a hit, from the cache.
 type Result struct {
 	// Path is the archive in the cache: the initrd to boot
 	// (vmm.Config.Initrd). Entries used in the last 10 minutes are never
@@ -181,7 +183,12 @@ func Build(cfg Config) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{Key: key, Path: cache.archivePath(key)}
-	m, _, err := cache.get(key)
+	m, index, _, err := cache.get(key)
+	if err == nil && index != nil {
+		if lerr := cfg.Image.LoadIndex(bytes.NewReader(index)); lerr != nil {
+			err = fmt.Errorf("initramfs: cache index of %s: %w", key, lerr)
+		}
+	}
 	switch {
 	case err == nil:
 		res.Hit = true
@@ -282,7 +289,15 @@ func build(cfg Config, cache *Cache, key string) (m *meta, err error) {
 	f = nil
 	m = &meta{sum: hex.EncodeToString(sum.Sum(nil)), size: a.size(), unpacked: b.unpacked,
 		modules: set.Names(), unmatched: set.Unmatched, source: set.Source}
-	if err := cache.put(key, tmp, m); err != nil {
+	var index []byte
+	if im.Format() != rootfs.FormatDir {
+		var ib bytes.Buffer
+		if err := im.SaveIndex(&ib); err != nil {
+			return nil, err
+		}
+		index = ib.Bytes()
+	}
+	if err := cache.put(key, tmp, m, index); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -1,6 +1,7 @@
 package initramfs
 
 import (
+	"archive/tar"
 	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
@@ -8,12 +9,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/hpcvmm/hpcvmm/rootfs"
 	"github.com/stretchr/testify/require"
 	"github.com/u-root/u-root/pkg/cpio"
@@ -215,7 +223,7 @@ func TestCacheTamperedEntryRebuilt(t *testing.T) {
 	c, err := OpenCache(cfg.CacheDir, 0)
 	require.NoError(t, err)
 	// A clean hit that trusts the identity record hashes nothing.
-	_, hashed, err := c.get(res.Key)
+	_, _, hashed, err := c.get(res.Key)
 	require.NoError(t, err)
 	require.False(t, hashed)
 
@@ -231,7 +239,7 @@ func TestCacheTamperedEntryRebuilt(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			require.NoError(t, os.Chmod(res.Path, 0o644))
 			tamper(res.Path)
-			_, _, err := c.get(res.Key)
+			_, _, _, err := c.get(res.Key)
 			require.Error(t, err)
 			require.NotErrorIs(t, err, errMiss)
 			cfg.Image, _ = rootfs.Open(cfg.Image.Path())
@@ -362,6 +370,27 @@ func TestBuildFromOCIAndTar(t *testing.T) {
 	hit, err := Build(cfg)
 	require.NoError(t, err)
 	require.True(t, hit.Hit)
+	// A tampered index: the entry is rebuilt.
+	ip := filepath.Join(cfg.CacheDir, hit.Key+indexExt)
+	require.NoError(t, os.Chmod(ip, 0o644))
+	require.NoError(t, os.WriteFile(ip, []byte("hpcvmm-rootfs-index v1\n\"usr/bin/python3\" 493 1 0 0 0 0 0 \"\"\nusage 1 1 1\n"), 0o444))
+	cfg.Image, _ = rootfs.Open(tarPath)
+	again, err := Build(cfg)
+	require.NoError(t, err)
+	require.False(t, again.Hit)
+	require.Contains(t, again.Replaced, "index")
+	cfg.Image, _ = rootfs.Open(tarPath)
+	hit, err = Build(cfg)
+	require.NoError(t, err)
+	require.True(t, hit.Hit)
+	// The hit brought the image's index: LookPath reads nothing of the
+	// tar (here: which is gone).
+	require.NoError(t, os.Remove(tarPath))
+	got, err := cfg.Image.LookPath("ash", rootfs.DefaultPath)
+	require.NoError(t, err)
+	require.Equal(t, "/usr/bin/ash", got)
+	_, err = cfg.Image.LookPath("python3", rootfs.DefaultPath)
+	require.ErrorIs(t, err, rootfs.ErrNotFound)
 }
 
 func TestDirectoryKeyMemo(t *testing.T) {
@@ -394,4 +423,68 @@ func TestDirectoryKeyMemo(t *testing.T) {
 	changed, err := im.KeyUsing(c)
 	require.NoError(t, err)
 	require.NotEqual(t, want, changed)
+}
+
+func TestBuildFromOCILayoutWithWhiteouts(t *testing.T) {
+	layer := func(files map[string]string) v1.Layer {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for _, n := range slices.Sorted(maps.Keys(files)) {
+			require.NoError(t, tw.WriteHeader(&tar.Header{Name: n, Mode: 0o755, Size: int64(len(files[n])), Typeflag: tar.TypeReg}))
+			_, _ = tw.Write([]byte(files[n]))
+		}
+		require.NoError(t, tw.Close())
+		b := buf.Bytes()
+		l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+		require.NoError(t, err)
+		return l
+	}
+	img, err := mutate.AppendLayers(empty.Image,
+		layer(map[string]string{"bin/sh": "#!sh", "etc/deleted": "x", "opq/old": "o"}),
+		layer(map[string]string{"etc/.wh.deleted": "", "opq/.wh..wh..opq": "", "opq/new": "n"}))
+	require.NoError(t, err)
+	dir := t.TempDir()
+	lp, err := layout.Write(dir, empty.Index)
+	require.NoError(t, err)
+	require.NoError(t, lp.AppendImage(img))
+	cfg := config(t, dir)
+	res, err := Build(cfg)
+	require.NoError(t, err)
+	_, content := readArchive(t, res.Path)
+	require.Equal(t, "#!sh", content["bin/sh"])
+	require.Equal(t, "n", content["opq/new"])
+	for _, gone := range []string{"etc/deleted", "etc/.wh.deleted", "opq/old", "opq/.wh..wh..opq"} {
+		_, ok := content[gone]
+		require.False(t, ok, gone)
+	}
+	// The warm launch: the key is the manifest digest, nothing is read.
+	cfg.Image, _ = rootfs.Open(dir)
+	hit, err := Build(cfg)
+	require.NoError(t, err)
+	require.True(t, hit.Hit)
+}
+
+// TestBuildWithHostDebianModules builds against the host's real Debian
+// kernel modules (skipped where linux-image-amd64 is not installed; the
+// fixture covers the logic everywhere).
+func TestBuildWithHostDebianModules(t *testing.T) {
+	m, _ := filepath.Glob("/lib/modules/*-amd64/modules.dep")
+	if len(m) == 0 {
+		t.Skip("no Debian kernel modules in /lib/modules: install linux-image-amd64 to run this against real modules")
+	}
+	cfg := config(t, imageDir(t))
+	cfg.Release = filepath.Base(filepath.Dir(m[0]))
+	cfg.HostModules = ""
+	res, err := Build(cfg)
+	require.NoError(t, err)
+	require.Equal(t, "/lib/modules/"+cfg.Release, res.ModuleSource)
+	require.Contains(t, res.Modules, "virtio_console")
+	require.Contains(t, res.Modules, "nvme")
+	_, content := readArchive(t, res.Path)
+	list := strings.Split(strings.TrimSpace(content[".hpcvmm/modules"]), "\n")
+	require.Len(t, list, len(res.Modules))
+	for _, l := range list {
+		require.True(t, strings.HasPrefix(l, "/usr/lib/modules/"+cfg.Release+"/kernel/"), l)
+		require.True(t, strings.HasPrefix(content[strings.TrimPrefix(l, "/")], "\x7fELF"), l)
+	}
 }

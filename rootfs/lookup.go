@@ -19,6 +19,10 @@ var (
 	ErrNotExecutable = errors.New("not executable")
 )
 
+// DefaultPath is the PATH a job's COMMAND is looked up in when the job's
+// environment sets none: the one Docker and the Linux distributions use.
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 // maxLinks bounds the symlinks one lookup follows, as Linux's MAXSYMLINKS.
 const maxLinks = 40
 
@@ -73,26 +77,43 @@ func (im *Image) buildIndex() error {
 	if im.idx != nil || im.idxErr != nil {
 		return im.idxErr
 	}
-	idx := map[string]*Entry{}
-	var u Usage
-	err := im.Walk(func(e *Entry, _ io.Reader) error {
-		c := *e
-		size := c.Size
-		if c.Hardlink {
-			if t := idx[c.Link]; t != nil {
-				size = t.Size
-			}
-		}
-		u.add(&c, size)
-		idx[c.Name] = &c
+	ix := newIndexer()
+	err := im.walk(func(e *Entry, _ io.Reader) error {
+		ix.add(e)
 		return nil
 	})
 	if err != nil {
 		im.idxErr = err
 		return err
 	}
-	im.idx, im.usage = idx, u
+	im.idx, im.usage = ix.idx, ix.usage
 	return nil
+}
+
+// indexer collects the metadata of a walk.
+type indexer struct {
+	idx   map[string]*Entry
+	usage Usage
+}
+
+func newIndexer() *indexer { return &indexer{idx: map[string]*Entry{}} }
+
+func (ix *indexer) add(e *Entry) {
+	c := *e
+	size := c.Size
+	if c.Hardlink {
+		if t := ix.idx[c.Link]; t != nil {
+			size = t.Size
+		}
+	}
+	if old := ix.idx[c.Name]; old != nil && old.IsDir() && c.IsDir() {
+		// A directory yielded again (synthetic first, then its own
+		// metadata): one entry.
+		ix.idx[c.Name] = &c
+		return
+	}
+	ix.usage.add(&c, size)
+	ix.idx[c.Name] = &c
 }
 
 // lstat returns the entry called name (clean, relative) without following

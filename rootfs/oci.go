@@ -1,7 +1,11 @@
 package rootfs
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"runtime"
 
@@ -40,11 +44,11 @@ func pickImage(idx v1.ImageIndex, depth int) (v1.Image, error) {
 		}
 	}
 	if len(images) == 1 && len(indexes) == 0 {
-		return idx.Image(images[0].Digest)
+		return checkedImage(idx, images[0].Digest)
 	}
 	for _, d := range images {
 		if d.Platform != nil && d.Platform.OS == "linux" && d.Platform.Architecture == runtime.GOARCH {
-			return idx.Image(d.Digest)
+			return checkedImage(idx, d.Digest)
 		}
 	}
 	if len(images) == 0 && len(indexes) == 1 {
@@ -57,6 +61,95 @@ func pickImage(idx v1.ImageIndex, depth int) (v1.Image, error) {
 	return nil, fmt.Errorf("the index lists %d images and %d indexes, none of them the only one or one for linux/%s: keep one image in the layout", len(images), len(indexes), runtime.GOARCH)
 }
 
+// checkedImage returns the image of manifest digest h after checking that
+// the manifest and config blobs hash to the digests that name them: the
+// layout package reads blobs by name without checking them, and the
+// manifest digest is the image's cache key.
+func checkedImage(idx v1.ImageIndex, h v1.Hash) (v1.Image, error) {
+	img, err := idx.Image(h)
+	if err != nil {
+		return nil, err
+	}
+	if got, err := img.Digest(); err != nil || got != h {
+		return nil, fmt.Errorf("manifest blob %s does not hash to its name (%v %v): the layout is corrupt", h, got, err)
+	}
+	m, err := img.Manifest()
+	if err != nil {
+		return nil, err
+	}
+	if got, err := img.ConfigName(); err != nil || got != m.Config.Digest {
+		return nil, fmt.Errorf("config blob %s does not hash to its name (%v %v): the layout is corrupt", m.Config.Digest, got, err)
+	}
+	return img, nil
+}
+
+// verifiedImage is an image whose layers check their uncompressed content
+// against the config's diff_ids as they are read: neither layout nor
+// tarball checks a layer blob, and mutate.Extract reads each layer to its
+// end, so a layer that does not match fails the walk.
+type verifiedImage struct {
+	v1.Image
+	layers []v1.Layer
+}
+
+func (v *verifiedImage) Layers() ([]v1.Layer, error) { return v.layers, nil }
+
+func verifyLayers(img v1.Image) (v1.Image, error) {
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		return nil, err
+	}
+	if len(layers) != len(cf.RootFS.DiffIDs) {
+		return nil, fmt.Errorf("the manifest has %d layers, the config %d diff_ids", len(layers), len(cf.RootFS.DiffIDs))
+	}
+	v := &verifiedImage{Image: img}
+	for i, l := range layers {
+		v.layers = append(v.layers, &verifiedLayer{Layer: l, diffID: cf.RootFS.DiffIDs[i]})
+	}
+	return v, nil
+}
+
+type verifiedLayer struct {
+	v1.Layer
+	diffID v1.Hash
+}
+
+func (l *verifiedLayer) Uncompressed() (io.ReadCloser, error) {
+	if l.diffID.Algorithm != "sha256" {
+		return nil, fmt.Errorf("layer diff_id %s: only sha256 is supported", l.diffID)
+	}
+	rc, err := l.Layer.Uncompressed()
+	if err != nil {
+		return nil, err
+	}
+	return &hashCheck{rc: rc, h: sha256.New(), want: l.diffID}, nil
+}
+
+// hashCheck turns the end of a layer's stream into an error when the
+// stream's SHA-256 is not the one wanted.
+type hashCheck struct {
+	rc   io.ReadCloser
+	h    hash.Hash
+	want v1.Hash
+}
+
+func (c *hashCheck) Read(p []byte) (int, error) {
+	n, err := c.rc.Read(p)
+	c.h.Write(p[:n])
+	if errors.Is(err, io.EOF) {
+		if got := hex.EncodeToString(c.h.Sum(nil)); got != c.want.Hex {
+			return n, fmt.Errorf("layer content has sha256:%s, the config's diff_id is %s: the layer is corrupt or was replaced", got, c.want)
+		}
+	}
+	return n, err
+}
+
+func (c *hashCheck) Close() error { return c.rc.Close() }
+
 // openDockerArchive returns the image a `docker save`/`podman save` archive
 // holds (its manifest.json must list exactly one).
 func openDockerArchive(path string) (v1.Image, error) {
@@ -66,6 +159,10 @@ func openDockerArchive(path string) (v1.Image, error) {
 // walkImage flattens img's layers (in order, whiteouts applied, by
 // mutate.Extract) and yields the result.
 func walkImage(img v1.Image, image string, fn func(*Entry, io.Reader) error) error {
+	img, err := verifyLayers(img)
+	if err != nil {
+		return fmt.Errorf("rootfs: image %s: %w: pull or save the image again", image, err)
+	}
 	rc := mutate.Extract(img)
 	// Closing stops the extracting goroutine when the walk ends early: it
 	// blocks on its pipe otherwise.
@@ -77,6 +174,6 @@ func walkImage(img v1.Image, image string, fn func(*Entry, io.Reader) error) err
 	// layer failed (a deferred Close), and the error comes only after them:
 	// read on to the pipe's end, or a corrupt or unsafe layer would pass as
 	// a shorter image.
-	_, err := io.Copy(io.Discard, rc)
+	_, err = io.Copy(io.Discard, rc)
 	return err
 }

@@ -213,7 +213,25 @@ func (im *Image) Close() error { return nil }
 // Entry.Synthetic). content reads a regular file's Size bytes and is valid
 // only during the call; it is nil for every other entry. An error from fn
 // stops the walk and is returned as is.
+//
+// A complete walk of an archive or container image also keeps the tree's
+// metadata (see SaveIndex), so lookups after it read nothing again.
 func (im *Image) Walk(fn func(e *Entry, content io.Reader) error) error {
+	if im.format == FormatDir || im.idx != nil {
+		return im.walk(fn)
+	}
+	ix := newIndexer()
+	err := im.walk(func(e *Entry, content io.Reader) error {
+		ix.add(e)
+		return fn(e, content)
+	})
+	if err == nil && im.idx == nil {
+		im.idx, im.usage = ix.idx, ix.usage
+	}
+	return err
+}
+
+func (im *Image) walk(fn func(e *Entry, content io.Reader) error) error {
 	switch im.format {
 	case FormatDir:
 		return walkDir(im.path, im.path, fn)
@@ -226,10 +244,14 @@ func (im *Image) Walk(fn func(e *Entry, content io.Reader) error) error {
 		return walkTar(rc, im.path, fn)
 	case FormatOCILayout, FormatDockerArchive:
 		err := walkImage(im.img, im.path, fn)
-		if err != nil && !strings.HasPrefix(err.Error(), "rootfs: ") {
-			return fmt.Errorf("rootfs: image %s: a layer is corrupt or unreadable: %w: pull or save the image again", im.path, err)
+		switch {
+		case err == nil || strings.HasPrefix(err.Error(), "rootfs: "):
+			return err
+		case strings.Contains(err.Error(), "unsafe tar path"):
+			// mutate.Extract's refusal of a "../" entry
+			return fmt.Errorf("rootfs: image %s: a layer has an entry that climbs out of the image root (%w): such an entry would escape the root; rebuild the image without it", im.path, err)
 		}
-		return err
+		return fmt.Errorf("rootfs: image %s: a layer is corrupt or unreadable: %w: pull or save the image again", im.path, err)
 	}
 	return fmt.Errorf("rootfs: image %s: not opened", im.path)
 }

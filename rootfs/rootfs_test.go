@@ -344,3 +344,96 @@ func TestFormatErrorsAreOneLine(t *testing.T) {
 	require.False(t, strings.Contains(err.Error(), "\n"))
 	require.False(t, errors.Is(err, ErrNotFound))
 }
+
+func TestCorruptLayer(t *testing.T) {
+	dir := t.TempDir()
+	p, err := layout.Write(dir, empty.Index)
+	require.NoError(t, err)
+	img := whiteoutImage(t)
+	require.NoError(t, p.AppendImage(img))
+	layers, err := img.Layers()
+	require.NoError(t, err)
+	d, err := layers[0].Digest()
+	require.NoError(t, err)
+	blob := filepath.Join(dir, "blobs", d.Algorithm, d.Hex)
+	b, err := os.ReadFile(blob)
+	require.NoError(t, err)
+	// A layer blob whose bytes no longer match its digest (the gzip stream
+	// kept valid: the tar inside differs).
+	raw := tarBytes(t, file("bin/sh", "tampered"))
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write(raw)
+	zw.Close()
+	require.NotEqual(t, b, gz.Bytes())
+	require.NoError(t, os.WriteFile(blob, gz.Bytes(), 0o644))
+	im, err := Open(dir)
+	require.NoError(t, err)
+	err = im.Walk(func(*Entry, io.Reader) error { return nil })
+	require.ErrorContains(t, err, "a layer is corrupt")
+	require.ErrorContains(t, err, dir)
+
+	// A missing blob.
+	require.NoError(t, os.Remove(blob))
+	im, err = Open(dir)
+	require.NoError(t, err)
+	err = im.Walk(func(*Entry, io.Reader) error { return nil })
+	require.ErrorContains(t, err, "a layer is corrupt or unreadable")
+}
+
+func TestUsageOfArchive(t *testing.T) {
+	im, err := Open(writeFile(t, tarBytes(t, file("a", "12345"), tarEnt{name: "b", link: "a", typ: tar.TypeLink, mode: 0o644}, symlink("c", "a"))))
+	require.NoError(t, err)
+	u, err := im.Usage()
+	require.NoError(t, err)
+	require.Equal(t, Usage{Entries: 3, Bytes: 10, Memory: 3*EntryOverhead + 2*PageSize}, u, "a hard link counts as a copy")
+	got, err := im.LookPath("b", "/")
+	require.ErrorIs(t, err, ErrNotExecutable, got)
+}
+
+func TestCorruptConfigRefusedAtOpen(t *testing.T) {
+	dir := t.TempDir()
+	p, err := layout.Write(dir, empty.Index)
+	require.NoError(t, err)
+	img := whiteoutImage(t)
+	require.NoError(t, p.AppendImage(img))
+	cn, err := img.ConfigName()
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "blobs", cn.Algorithm, cn.Hex), []byte(`{"rootfs":{"type":"layers","diff_ids":[]}}`), 0o644))
+	_, err = Open(dir)
+	require.ErrorContains(t, err, "does not hash to its name")
+	require.ErrorContains(t, err, dir)
+}
+
+func TestIndexRoundTrip(t *testing.T) {
+	p := writeFile(t, tarBytes(t, dir("usr"), dir("usr/bin"), exe("usr/bin/python3.11", "elf"), symlink("usr/bin/py", "python3.11"),
+		symlink("bin", "usr/bin"), tarEnt{name: "usr/bin/hl", link: "usr/bin/python3.11", typ: tar.TypeLink, mode: 0o755},
+		file("odd \"name\" with spaces", "x"), symlink("l", "a \" b")))
+	im, err := Open(p)
+	require.NoError(t, err)
+	// A full walk keeps the index: no second read for lookups.
+	collect(t, im)
+	var buf bytes.Buffer
+	require.NoError(t, im.SaveIndex(&buf))
+	want, err := im.Usage()
+	require.NoError(t, err)
+
+	im2, err := Open(p)
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(p)) // nothing is read from here on
+	require.NoError(t, im2.LoadIndex(bytes.NewReader(buf.Bytes())))
+	got, err := im2.LookPath("hl", "/bin")
+	require.NoError(t, err)
+	require.Equal(t, "/bin/hl", got)
+	_, e, err := im2.Stat("/l")
+	require.ErrorIs(t, err, fs.ErrNotExist, "dangling link")
+	require.Nil(t, e)
+	u, err := im2.Usage()
+	require.NoError(t, err)
+	require.Equal(t, want, u)
+	require.Equal(t, int64(8), u.Entries)
+
+	require.Error(t, im2.LoadIndex(strings.NewReader("garbage")))
+	require.ErrorContains(t, im2.LoadIndex(strings.NewReader(indexMagic+"\n\"../x\" 0 0 0 0 0 0 0 \"\"\nusage 1 0 0\n")), "not clean")
+	require.ErrorContains(t, im2.LoadIndex(strings.NewReader(indexMagic+"\n")), "truncated")
+}
