@@ -279,3 +279,33 @@ func TestJobsDebianPython(t *testing.T) {
 		env.Record(t, "python_version", strings.TrimSpace(r.stdout))
 	})
 }
+
+// TestJobsPassthroughNVMe: `--vf` (the NVMe VF stand-in) with --rootfs:
+// hpcvmm finds the VF's driver by its modalias and puts it in the job's
+// initramfs, and the command, a script of the busybox rootfs, writes 1 MiB
+// of random bytes through the device, reads them back past the page cache
+// and exits with the comparison's status.
+func TestJobsPassthroughNVMe(t *testing.T) {
+	harness.Run(t, harness.ProfileJobsPassthrough, func(t *testing.T, env *harness.Env) {
+		setDriver(t, harness.NVMeVFBDF, "vfio-pci")
+		t.Cleanup(func() { setDriver(t, harness.NVMeVFBDF, "") })
+		root := busyboxRootfs(t)
+		const script = `i=0
+while ! ls /sys/block | grep -qE '^nvme[0-9]+n[0-9]+$'; do i=$((i+1)); [ $i -lt 600 ] || { echo no nvme block device >&2; exit 3; }; sleep 0.1; done
+blk=$(ls /sys/block | grep -E '^nvme[0-9]+n[0-9]+$' | head -1)
+dd if=/dev/urandom of=/tmp/out bs=1024 count=1024 2>/dev/null
+dd if=/tmp/out of=/dev/$blk bs=1024 seek=2048 conv=fsync 2>/dev/null || exit 4
+echo 3 > /proc/sys/vm/drop_caches
+dd if=/dev/$blk of=/tmp/in bs=1024 skip=2048 count=1024 2>/dev/null || exit 5
+echo "$blk $(sha256sum </tmp/out | cut -d' ' -f1) $(sha256sum </tmp/in | cut -d' ' -f1)"
+cmp -s /tmp/out /tmp/in`
+		r := runJob(t, env, nil, nil, nil, "run", "--kernel", env.L2Kernel(t), "--cpus", "1", "--memory", "1G", "--hugepages", "1G",
+			"--vf", harness.NVMeVFBDF, "--rootfs", root, "--", "sh", "-c", script)
+		assert.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+		f := strings.Fields(r.stdout)
+		require.Len(t, f, 3, "stdout: %q", r.stdout)
+		assert.Equal(t, f[1], f[2], "SHA-256 written and read back")
+		assert.Regexp(t, `module_source=|modules=`, r.stderr)
+		env.Record(t, "nvme_sha256", f[1])
+	})
+}

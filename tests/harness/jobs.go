@@ -149,3 +149,30 @@ func addTree(im *Image, src, dst string) error {
 		return nil
 	})
 }
+
+// ProfileJobsPassthrough is ProfilePassthrough (edu and the NVMe VF) with
+// the jobs profile's files and the guest's nvme driver in L1's
+// /lib/modules, so a job's initramfs carries the passed-through devices'
+// drivers found by their modaliases.
+var ProfileJobsPassthrough = func() Profile {
+	p := ProfilePassthrough
+	p.Name = "jobs-passthrough"
+	p.Files = func(im *Image) error {
+		if err := addJobFiles(im); err != nil {
+			return err
+		}
+		k, err := FindKernel()
+		if err != nil {
+			return err
+		}
+		mods, err := ModuleDeps(k, []string{"nvme"})
+		if err != nil {
+			return err
+		}
+		for _, m := range mods {
+			im.AddFile(m, m, 0o644)
+		}
+		return nil
+	}
+	return p
+}()
