@@ -65,9 +65,9 @@ func (g *fakeGuest) send(m jobproto.Message) {
 	_ = jobproto.Write(g.vm.ports[jobproto.PortControl].ToHost, m)
 }
 func (g *fakeGuest) read() (jobproto.Message, error) { return g.ctl.Read() }
-func (g *fakeGuest) stdin() io.Reader               { return g.vm.ports[jobproto.PortStdin].FromHost }
-func (g *fakeGuest) stdout() io.WriteCloser         { return g.vm.ports[jobproto.PortStdout].ToHost }
-func (g *fakeGuest) stderr() io.WriteCloser         { return g.vm.ports[jobproto.PortStderr].ToHost }
+func (g *fakeGuest) stdin() io.Reader                { return g.vm.ports[jobproto.PortStdin].FromHost }
+func (g *fakeGuest) stdout() io.WriteCloser          { return g.vm.ports[jobproto.PortStdout].ToHost }
+func (g *fakeGuest) stderr() io.WriteCloser          { return g.vm.ports[jobproto.PortStderr].ToHost }
 
 // agent plays the agent: Ready, Start, body (which returns the status
 // message), outputs closed, status, then power off at the control port's

@@ -122,7 +122,9 @@ func busyboxApplets(t *testing.T) []string {
 func TestJobsBusybox(t *testing.T) {
 	harness.Run(t, harness.ProfileJobs, func(t *testing.T, env *harness.Env) {
 		root := busyboxRootfs(t)
-		rootfs := func(extra ...string) []string { return jobArgs(t, env, append([]string{"--rootfs", root}, extra...)...) }
+		rootfs := func(extra ...string) []string {
+			return jobArgs(t, env, append([]string{"--rootfs", root}, extra...)...)
+		}
 
 		t.Run("streams-and-status", func(t *testing.T) {
 			r := runJob(t, env, nil, nil, nil, rootfs("--", "sh", "-c", "echo out; echo err >&2; exit 7")...)

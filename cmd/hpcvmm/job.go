@@ -369,4 +369,3 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, log *slog.Logger, 
 	}
 	return initrd, -1
 }
-
