@@ -339,7 +339,7 @@ func (j *Job) Run(ctx context.Context, m Machine) jobproto.Status {
 	case vmErr != nil:
 		return failed("the VM failed: " + vmErr.Error())
 	}
-	return failed("the guest powered off without reporting the command's status")
+	return failed("the guest powered off without reporting the command's status (the agent's reason, or a kernel panic, is on the guest console above)")
 }
 
 func failed(reason string) jobproto.Status {
