@@ -197,6 +197,8 @@ func (j *Job) Run(ctx context.Context, m Machine) jobproto.Status {
 	}
 	in := make(chan jobproto.Message)
 	inErr := make(chan error, 1)
+	stop := make(chan struct{})
+	defer close(stop)
 	go func() {
 		r := jobproto.NewReader(j.ctlOut, jobproto.MaxGuestFrame)
 		for {
@@ -205,7 +207,11 @@ func (j *Job) Run(ctx context.Context, m Machine) jobproto.Status {
 				inErr <- err
 				return
 			}
-			in <- m
+			select {
+			case in <- m:
+			case <-stop:
+				return
+			}
 		}
 	}()
 
