@@ -64,6 +64,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"bad node", func(c *Config) { c.NUMANode = -7 }, "NUMANode", "not a node"},
 		{"duplicate cpu", func(c *Config) { c.CPUList = []int{1, 1} }, "CPUList", "twice"},
 		{"bad console", func(c *Config) { c.Console = "vga" }, "Console", "unknown console"},
+		{"bad bridge name", func(c *Config) { c.Nets = []NetConfig{{TAP: "t0", Bridge: "br/0"}} }, "Nets", "bridge=br/0"},
 		{"ports without virtio console", func(c *Config) {
 			c.Console = ConsoleSerial
 			c.ConsolePorts = []console.Port{{Name: "a"}}

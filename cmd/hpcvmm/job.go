@@ -34,7 +34,6 @@ type jobFlags struct {
 	workdir  string
 	user     string
 	quiet    bool
-	dns      []string
 	hostname string
 }
 
@@ -42,7 +41,8 @@ type jobFlags struct {
 const agentPath = initramfs.AgentPath
 
 // addJobFlags defines the Job group of `hpcvmm run`.
-func addJobFlags(c *command, f *jobFlags) {
+func addJobFlags(c *command, rf *runFlags) {
+	f := &rf.job
 	g := c.group("Job")
 	g.StringVar(&f.rootfs, "rootfs", "", "`IMAGE`: the job's files: a directory, a tar archive (plain, gzip, zstd), an OCI image layout or a docker/podman save archive; hpcvmm builds (and caches) the initramfs with its agent and the guest's modules. Not with --initrd")
 	g.StringArrayVar(&f.env, "env", nil, "`KEY=VALUE`: COMMAND's environment (repeatable; KEY alone takes hpcvmm's value). PATH defaults to "+agent.DefaultPath)
@@ -50,7 +50,13 @@ func addJobFlags(c *command, f *jobFlags) {
 	g.StringVar(&f.workdir, "workdir", "", "`DIR`: COMMAND's working directory in the guest (default /)")
 	g.StringVar(&f.user, "user", "", "`UID[:GID]`: run COMMAND as this numeric user and group (GID defaults to UID; default root)")
 	g.BoolVar(&f.quiet, "quiet", false, "print nothing of hpcvmm's own (no log, no guest console) on stderr: COMMAND's stderr and a one-line failure reason only")
-	g.StringArrayVar(&f.dns, "dns", nil, "`ADDRESS`: a name server for the guest's /etc/resolv.conf with --net (repeatable; default the host's)")
+	g.Func("dns", "`ADDRESS`: a name server for the job's /etc/resolv.conf in the guest (repeatable; default: with ip=dhcp the DHCP server's, else the host's /etc/resolv.conf name servers that are not loopback addresses)", func(s string) error {
+		if net.ParseIP(s) == nil {
+			return fmt.Errorf("%q: want an IP address", s)
+		}
+		rf.dns = append(rf.dns, s)
+		return nil
+	})
 	g.StringVar(&f.hostname, "hostname", "", "`NAME`: the guest's hostname (default the host's, as for a job run directly)")
 }
 
@@ -133,44 +139,6 @@ func parseUser(s string) (uid, gid uint32, err error) {
 	return uid, gid, nil
 }
 
-// parseDNS parses --dns; none means the host's name servers.
-func parseDNS(vals []string) ([]net.IP, error) {
-	var ips []net.IP
-	for _, v := range vals {
-		ip := net.ParseIP(v)
-		if ip == nil {
-			return nil, fmt.Errorf("--dns %q: want an IP address", v)
-		}
-		if ip4 := ip.To4(); ip4 != nil {
-			ip = ip4
-		}
-		ips = append(ips, ip)
-	}
-	return ips, nil
-}
-
-// hostNameServers are the host's name servers (/etc/resolv.conf), for
-// --dns's default; loopback ones (a local resolver) mean nothing in the guest.
-func hostNameServers() []net.IP {
-	b, err := os.ReadFile("/etc/resolv.conf")
-	if err != nil {
-		return nil
-	}
-	var ips []net.IP
-	for _, line := range strings.Split(string(b), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) >= 2 && fields[0] == "nameserver" {
-			if ip := net.ParseIP(fields[1]); ip != nil && !ip.IsLoopback() {
-				if ip4 := ip.To4(); ip4 != nil {
-					ip = ip4
-				}
-				ips = append(ips, ip)
-			}
-		}
-	}
-	return ips
-}
-
 // hostKernel is the default kernel of a job: the host's own, so the guest
 // runs the host's drivers (an HPC node's GPU and InfiniBand modules).
 func hostKernel() (string, error) {
@@ -231,11 +199,17 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 	if spec.Hostname == "" {
 		spec.Hostname, _ = os.Hostname()
 	}
-	if spec.DNS, err = parseDNS(jf.dns); err != nil {
-		return fail(2, "%v", err)
+	for _, g := range f.guestNets {
+		spec.Interfaces = append(spec.Interfaces, jobproto.Interface{MAC: g.MAC, Address: g.Address, Gateway: g.Gateway, DHCP: g.DHCP})
 	}
-	if len(f.cfg.Nets) > 0 && len(spec.DNS) == 0 {
-		spec.DNS = hostNameServers()
+	if len(f.cfg.Nets) > 0 {
+		for _, s := range f.jobDNS() {
+			ip := net.ParseIP(s)
+			if ip4 := ip.To4(); ip4 != nil {
+				ip = ip4
+			}
+			spec.DNS = append(spec.DNS, ip)
+		}
 	}
 
 	logOut := stderr

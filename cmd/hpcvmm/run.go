@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 
+	"github.com/hpcvmm/hpcvmm/guestnet"
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/slurm"
 	"github.com/hpcvmm/hpcvmm/vmlinux"
@@ -31,6 +31,10 @@ type runFlags struct {
 	job             jobFlags
 	logLevel        slog.Level
 	shutdownTimeout time.Duration
+	// guestNets is the guest's half of each --net (in cfg.Nets' order)
+	// and dns the --dns servers, for a job's spec (netflag.go).
+	guestNets []guestnet.Interface
+	dns       []string
 }
 
 // newRunCommand defines the flags of `hpcvmm run`, grouped as a user scans
@@ -79,12 +83,13 @@ func newRunCommand() (*command, *runFlags) {
 
 	g = c.group("Devices")
 	addPassthroughFlags(g, &f.cfg.Passthrough)
-	g.Func("net", "`tap=NAME[,mac=MAC][,queues=N][,vhost=on|off]`: virtio-net on a host TAP, created if absent and removed afterwards; kernel vhost-net when available (repeatable)", func(s string) error {
-		n, err := parseNet(s)
+	g.Func("net", "`tap=NAME[,KEY=VALUE]...`: virtio-net on a host TAP, created if absent and removed afterwards; kernel vhost-net when available; keys: mac=MAC, queues=N, vhost=on|off, bridge=BRIDGE (attach the TAP hpcvmm creates to this existing bridge), ip=ADDRESS/PREFIX|dhcp and gw=GATEWAY (a job's interface in the guest; ADDRESS/PREFIX+rank adds SLURM_PROCID, +node SLURM_NODEID) (repeatable)", func(s string) error {
+		n, g, err := parseNet(s, os.Getenv)
 		if err != nil {
 			return err
 		}
 		f.cfg.Nets = append(f.cfg.Nets, n)
+		f.guestNets = append(f.guestNets, g)
 		return nil
 	})
 
@@ -96,7 +101,7 @@ func newRunCommand() (*command, *runFlags) {
 	g.Var(seccompValue{&f.cfg.Seccomp}, "seccomp", "on: every thread under a syscall allow-list from before the first KVM_RUN, a syscall outside it kills hpcvmm with SIGSYS (dmesg names it); log: let it run and log it; off: no filter, for debugging")
 	g.DurationVar(&f.shutdownTimeout, "shutdown-timeout", f.shutdownTimeout, "`DURATION`: after SIGTERM/SIGINT, how long the guest has to power off after the ACPI power button before it is stopped hard")
 
-	addJobFlags(c, &f.job)
+	addJobFlags(c, f)
 
 	c.hidden(func(fs *pflag.FlagSet) {
 		fs.StringVar(&f.cfg.SysfsRoot, "sysfs", "", "sysfs root (tests)")
@@ -162,46 +167,6 @@ var flagNames = map[string]string{
 	"HugePages": "--hugepages", "NUMANode": "--numa-node", "CPUList": "--cpu-list", "Console": "--console", "PrefaultWorkers": "--prefault-workers",
 	"Passthrough": "--gpu/--vf", "Seccomp": "--seccomp",
 	"Nets": "--net",
-}
-
-// parseNet parses one --net value: tap=NAME[,mac=MAC][,queues=N][,vhost=on|off].
-// The values themselves are checked by vmm.Config.Validate.
-func parseNet(s string) (vmm.NetConfig, error) {
-	var n vmm.NetConfig
-	seen := map[string]bool{}
-	for _, kv := range strings.Split(s, ",") {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || v == "" {
-			return n, fmt.Errorf("%q: want key=value pairs, e.g. tap=tap0,queues=2", kv)
-		}
-		if seen[k] {
-			return n, fmt.Errorf("%q: %s given twice", s, k)
-		}
-		seen[k] = true
-		switch k {
-		case "tap":
-			n.TAP = v
-		case "mac":
-			n.MAC = v
-		case "queues":
-			q, err := strconv.Atoi(v)
-			if err != nil || q < 1 {
-				return n, fmt.Errorf("queues=%s: want a number of queue pairs, at least 1", v)
-			}
-			n.Queues = q
-		case "vhost":
-			if v != vmm.VhostOn && v != vmm.VhostOff {
-				return n, fmt.Errorf("vhost=%s: want on or off", v)
-			}
-			n.Vhost = v
-		default:
-			return n, fmt.Errorf("unknown key %q: use tap, mac, queues or vhost", k)
-		}
-	}
-	if n.TAP == "" {
-		return n, fmt.Errorf("%q: no tap=NAME", s)
-	}
-	return n, nil
 }
 
 func describeError(err error) string {

@@ -28,12 +28,11 @@ func (discardCloser) Close() error                { return nil }
 // the device goroutine would, after the driver's handshake for port 1 and
 // the guest's open of it.
 type portBench struct {
-	mem    queuetest.Memory
-	prx    *queuetest.Driver
-	ptx    *queuetest.Driver
-	con    *console.Console
-	pfd    []unix.PollFd
-	handle func() error
+	mem queuetest.Memory
+	prx *queuetest.Driver
+	ptx *queuetest.Driver
+	con *console.Console
+	pfd []unix.PollFd
 }
 
 func newPortBench(b *testing.B, port console.Port) *portBench {

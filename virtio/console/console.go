@@ -203,6 +203,7 @@ type Console struct {
 	ctlMsg     [ctlHeaderSize + MaxPortName]byte
 	ctlRecvBuf [ctlHeaderSize]byte
 	ports      []*namedPort // ids 1..N
+	portRx     *queue.Chain // receive chains of named ports (see fillStream)
 	portErr    error        // a ring error met while applying a control message
 
 	// Transmit staging (see transmit): txStage[:txStaged] is guest output
@@ -264,6 +265,9 @@ func New(in io.Reader, out io.Writer, opts Options) (*Console, error) {
 	// allocating.
 	c.txTimer = time.AfterFunc(time.Hour, c.txTimerFired)
 	c.txTimer.Stop()
+	if len(opts.Ports) > 0 {
+		c.portRx = queue.NewChain(queue.MaxSize)
+	}
 	for i, p := range opts.Ports {
 		np := newNamedPort(i+1, p)
 		c.ports = append(c.ports, np)

@@ -40,7 +40,10 @@
 // full the port's chain in progress is held (not returned) and the port's
 // transmitq is left alone until the writer has made room and woken the
 // device through its eventfd. So a ToHost that blocks holds only its own
-// port's chains.
+// port's chains. Port 0's output, by contrast, is still written on the
+// device goroutine (console.go's staging): a console writer that blocks
+// holds every port, so hpcvmm's jobs give port 0 a writer that does not
+// block for long (stderr, or nothing with --quiet).
 
 package console
 
@@ -325,7 +328,9 @@ func (c *Console) fillPort(p *namedPort) error {
 }
 
 func (c *Console) fillStream(p *namedPort, s *inStream) (pushed bool, err error) {
-	q, ch := p.rx, c.chain
+	// Not c.chain: a guest's PORT_OPEN fills the port while the control
+	// message's chain, in c.chain, is still to be returned.
+	q, ch := p.rx, c.portRx
 	for s.off < s.n {
 		ok, err := q.Pop(ch)
 		if err != nil {
