@@ -9,6 +9,8 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +28,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
 
 	"github.com/hpcvmm/hpcvmm/tests/harness"
 )
@@ -309,5 +312,76 @@ cmp -s /tmp/out /tmp/in`
 		assert.Equal(t, f[1], f[2], "SHA-256 written and read back")
 		assert.Regexp(t, `module_source=|modules=`, r.stderr)
 		env.Record(t, "nvme_sha256", f[1])
+	})
+}
+
+// TestJobsNet: `--net tap=...,bridge=BR,ip=...` with no script around
+// hpcvmm: the TAP joins a bridge of L1, the agent configures the guest's
+// interface, and the command (busybox wget) fetches a page from a listener
+// on the bridge's address; then the same with ip=dhcp against Debian's
+// dnsmasq on the bridge.
+func TestJobsNet(t *testing.T) {
+	harness.Run(t, harness.ProfileJobs, func(t *testing.T, env *harness.Env) {
+		const brName, brAddr = "brjob", "10.78.0.1"
+		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: brName}}
+		require.NoError(t, netlink.LinkAdd(br))
+		t.Cleanup(func() { _ = netlink.LinkDel(br) })
+		a, err := netlink.ParseAddr(brAddr + "/24")
+		require.NoError(t, err)
+		require.NoError(t, netlink.AddrAdd(br, a))
+		require.NoError(t, netlink.LinkSetUp(br))
+		ln, err := net.Listen("tcp", brAddr+":8080")
+		require.NoError(t, err)
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.WriteString(w, "hello-job from "+r.RemoteAddr+"\n")
+		})}
+		go func() { _ = srv.Serve(ln) }()
+		t.Cleanup(func() { _ = srv.Close() })
+
+		root := busyboxRootfs(t)
+		script := "wget -q -O - http://" + brAddr + ":8080/"
+
+		t.Run("static", func(t *testing.T) {
+			r := runJob(t, env, nil, nil, nil, jobArgs(t, env, "--net", "tap=tjob0,bridge="+brName+",ip=10.78.0.2/24,gw="+brAddr,
+				"--rootfs", root, "--", "sh", "-c", script)...)
+			assert.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+			assert.Regexp(t, `^hello-job from 10\.78\.0\.2:\d+\n$`, r.stdout)
+			_, err := netlink.LinkByName("tjob0")
+			assert.Error(t, err, "the TAP hpcvmm created is gone")
+		})
+
+		t.Run("dhcp", func(t *testing.T) {
+			if _, err := os.Stat("/etc/passwd"); err != nil {
+				require.NoError(t, os.WriteFile("/etc/passwd", []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644))
+			}
+			dir := t.TempDir()
+			cmd := exec.Command("/usr/sbin/dnsmasq", "-k", "-u", "root", "-C", "/dev/null",
+				"--interface="+brName, "--bind-interfaces", "--port=0", "--dhcp-authoritative",
+				"--dhcp-range=10.78.0.50,10.78.0.59,255.255.255.0,2m", "--dhcp-option=option:router,"+brAddr,
+				"--dhcp-leasefile="+filepath.Join(dir, "leases"), "--pid-file="+filepath.Join(dir, "pid"),
+				"--log-facility="+filepath.Join(dir, "log"), "--log-dhcp")
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			require.NoError(t, cmd.Start())
+			t.Cleanup(func() {
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+				if t.Failed() {
+					log, _ := os.ReadFile(filepath.Join(dir, "log"))
+					t.Logf("dnsmasq: %s\n%s", out.String(), log)
+				}
+			})
+			require.Eventually(t, func() bool {
+				b, _ := os.ReadFile(filepath.Join(dir, "log"))
+				return bytes.Contains(b, []byte("DHCP, IP range"))
+			}, 20*time.Second, 20*time.Millisecond, "dnsmasq did not start: %s", &out)
+
+			r := runJob(t, env, nil, nil, nil, jobArgs(t, env, "--net", "tap=tjob1,bridge="+brName+",ip=dhcp",
+				"--rootfs", root, "--", "sh", "-c", script)...)
+			assert.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+			assert.Regexp(t, `^hello-job from 10\.78\.0\.5\d:\d+\n$`, r.stdout, "the guest's address is dnsmasq's lease")
+			leases, _ := os.ReadFile(filepath.Join(dir, "leases"))
+			assert.Contains(t, string(leases), "10.78.0.5")
+		})
 	})
 }

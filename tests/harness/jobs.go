@@ -18,6 +18,9 @@ var jobGuestModules = []string{"virtio_pci", "virtio_console", "virtio_net", "bu
 // jobModuleIndexes are the text indexes package kmodules reads.
 var jobModuleIndexes = []string{"modules.dep", "modules.alias", "modules.builtin", "modules.builtin.modinfo", "modules.order"}
 
+// jobsDnsmasq is Debian's dnsmasq, the DHCP server of the jobs profile.
+const jobsDnsmasq = "/usr/sbin/dnsmasq"
+
 // ProfileJobs is ProfileBasic with what `hpcvmm run --rootfs IMAGE --
 // COMMAND` needs of its host (L1): the guest kernel's modules directory
 // (its indexes and the job guest's modules, as the distribution installs
@@ -25,7 +28,18 @@ var jobModuleIndexes = []string{"modules.dep", "modules.alias", "modules.builtin
 var ProfileJobs = func() Profile {
 	p := ProfileBasic
 	p.Name = "jobs"
-	p.Files = addJobFiles
+	p.Files = func(im *Image) error {
+		if err := addJobFiles(im); err != nil {
+			return err
+		}
+		// The DHCP server of the ip=dhcp scenario.
+		if _, err := os.Stat(jobsDnsmasq); err != nil {
+			return fmt.Errorf("%s: %w (run tests/setup.sh: installs dnsmasq)", jobsDnsmasq, err)
+		}
+		return addDynamicProgram(im, jobsDnsmasq)
+	}
+	// The --net ...,bridge= scenarios' bridge in L1.
+	p.Modules = []string{"bridge"}
 	return p
 }()
 
@@ -151,7 +165,7 @@ func addTree(im *Image, src, dst string) error {
 }
 
 // ProfileJobsPassthrough is ProfilePassthrough (edu and the NVMe VF) with
-// the jobs profile's files and the guest's nvme driver in L1's
+// the jobs profile's guest modules and the guest's nvme driver in L1's
 // /lib/modules, so a job's initramfs carries the passed-through devices'
 // drivers found by their modaliases.
 var ProfileJobsPassthrough = func() Profile {
