@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -285,17 +286,25 @@ func TestJobsDebianPython(t *testing.T) {
 	})
 }
 
-// TestJobsPassthroughNVMe: `--vf` (the NVMe VF stand-in) with --rootfs:
-// hpcvmm finds the VF's driver by its modalias and puts it in the job's
-// initramfs, and the command, a script of the busybox rootfs, writes 1 MiB
-// of random bytes through the device, reads them back past the page cache
-// and exits with the comparison's status.
-func TestJobsPassthroughNVMe(t *testing.T) {
+// TestJobsPassthrough: `--vf` (the NVMe VF stand-in) and `--gpu` (edu)
+// with --rootfs: hpcvmm finds a device's driver by its modalias and puts
+// it in the job's initramfs, and the command, a script of the busybox
+// rootfs, drives the device and exits with the result: 1 MiB of random
+// bytes written through the NVMe VF and read back past the page cache;
+// edu's identity, its factorial unit and a DMA round trip guest RAM ->
+// device -> guest RAM (the buffer hidden from the kernel with memmap=, as
+// TestPassthroughDMA does).
+func TestJobsPassthrough(t *testing.T) {
 	harness.Run(t, harness.ProfileJobsPassthrough, func(t *testing.T, env *harness.Env) {
-		setDriver(t, harness.NVMeVFBDF, "vfio-pci")
-		t.Cleanup(func() { setDriver(t, harness.NVMeVFBDF, "") })
 		root := busyboxRootfs(t)
-		const script = `i=0
+		pt := func(extra ...string) []string {
+			return append([]string{"run", "--kernel", env.L2Kernel(t), "--cpus", "1", "--memory", "1G", "--hugepages", "1G"}, extra...)
+		}
+
+		t.Run("nvme-vf", func(t *testing.T) {
+			setDriver(t, harness.NVMeVFBDF, "vfio-pci")
+			t.Cleanup(func() { setDriver(t, harness.NVMeVFBDF, "") })
+			const script = `i=0
 while ! ls /sys/block | grep -qE '^nvme[0-9]+n[0-9]+$'; do i=$((i+1)); [ $i -lt 600 ] || { echo no nvme block device >&2; exit 3; }; sleep 0.1; done
 blk=$(ls /sys/block | grep -E '^nvme[0-9]+n[0-9]+$' | head -1)
 dd if=/dev/urandom of=/tmp/out bs=1024 count=1024 2>/dev/null
@@ -304,14 +313,44 @@ echo 3 > /proc/sys/vm/drop_caches
 dd if=/dev/$blk of=/tmp/in bs=1024 skip=2048 count=1024 2>/dev/null || exit 5
 echo "$blk $(sha256sum </tmp/out | cut -d' ' -f1) $(sha256sum </tmp/in | cut -d' ' -f1)"
 cmp -s /tmp/out /tmp/in`
-		r := runJob(t, env, nil, nil, nil, "run", "--kernel", env.L2Kernel(t), "--cpus", "1", "--memory", "1G", "--hugepages", "1G",
-			"--vf", harness.NVMeVFBDF, "--rootfs", root, "--", "sh", "-c", script)
-		assert.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
-		f := strings.Fields(r.stdout)
-		require.Len(t, f, 3, "stdout: %q", r.stdout)
-		assert.Equal(t, f[1], f[2], "SHA-256 written and read back")
-		assert.Regexp(t, `module_source=|modules=`, r.stderr)
-		env.Record(t, "nvme_sha256", f[1])
+			r := runJob(t, env, nil, nil, nil, pt("--vf", harness.NVMeVFBDF, "--rootfs", root, "--", "sh", "-c", script)...)
+			assert.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+			f := strings.Fields(r.stdout)
+			require.Len(t, f, 3, "stdout: %q", r.stdout)
+			assert.Equal(t, f[1], f[2], "SHA-256 written and read back")
+			assert.Contains(t, r.stderr, "module_source=", "hpcvmm logged the initramfs build and its modules")
+			env.Record(t, "nvme_sha256", f[1])
+		})
+
+		t.Run("edu", func(t *testing.T) {
+			setDriver(t, harness.EduBDF, "vfio-pci")
+			t.Cleanup(func() { setDriver(t, harness.EduBDF, "") })
+			script := fmt.Sprintf(`for d in /sys/bus/pci/devices/*; do [ "$(cat $d/vendor):$(cat $d/device)" = 0x1234:0x11e8 ] && break; done
+[ "$(cat $d/vendor)" = 0x1234 ] || { echo no edu >&2; exit 10; }
+set -- $(sed -n 1p $d/resource); edu=$(($1))
+lo=$(od -An -tu1 -j4 -N1 $d/config | tr -d ' ')
+printf "$(printf '\\%%03o' $((lo | 6)))" | dd of=$d/config bs=1 seek=4 count=1 conv=notrunc 2>/dev/null
+id=$(printf 0x%%08x $(devmem $edu 32))
+devmem $((edu + 8)) 32 10
+i=0; while [ $(($(devmem $((edu + 0x20)) 32) & 1)) -ne 0 ] && [ $i -lt 100 ]; do i=$((i + 1)); sleep 0.05; done
+fact=$(($(devmem $((edu + 8)) 32)))
+src=%#x dst=$((%#x + 0x1000)) words=16 seed=$((RANDOM * 65536 + RANDOM))
+i=0; while [ $i -lt $words ]; do devmem $((src + 4 * i)) 32 $(((seed + i * 0x01010101) & 0xffffffff)); devmem $((dst + 4 * i)) 32 0; i=$((i + 1)); done
+for step in "$src 0x40000 1" "0x40000 $dst 3"; do
+	set -- $step
+	devmem $((edu + 0x80)) 64 $(($1)); devmem $((edu + 0x88)) 64 $(($2)); devmem $((edu + 0x90)) 32 $((words * 4)); devmem $((edu + 0x98)) 32 $3
+	i=0; while [ $(($(devmem $((edu + 0x98)) 32) & 1)) -ne 0 ]; do i=$((i + 1)); [ $i -le 200 ] || exit 11; sleep 0.05; done
+done
+good=0 i=0
+while [ $i -lt $words ]; do [ $(($(devmem $((dst + 4 * i)) 32))) -eq $(((seed + i * 0x01010101) & 0xffffffff)) ] && good=$((good + 1)); i=$((i + 1)); done
+echo "edu_id=$id factorial_10=$fact dma_words_matching=$good"
+[ "$id" = 0x010000ed ] && [ "$fact" = 3628800 ] && [ "$good" = 16 ]`, eduDMABuf, eduDMABuf)
+			r := runJob(t, env, nil, nil, nil, pt("--gpu", harness.EduBDF,
+				"--cmdline", fmt.Sprintf("console=ttyS0 quiet reboot=k panic=-1 memmap=1M$%#x", eduDMABuf),
+				"--rootfs", root, "--", "sh", "-c", script)...)
+			assert.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+			assert.Equal(t, "edu_id=0x010000ed factorial_10=3628800 dma_words_matching=16\n", r.stdout)
+		})
 	})
 }
 
