@@ -367,3 +367,19 @@ func elfWithInterp(interp string) []byte {
 	le.PutUint64(ph[48:], 1)
 	return append(b, append([]byte(interp), 0)...)
 }
+
+func TestServeTTYResize(t *testing.T) {
+	s := sh("stty size; read x; stty size")
+	s.TTY, s.Rows, s.Cols = true, 33, 77
+	h := startAgent(t, s, nil)
+	require.IsType(t, &jobproto.Started{}, h.read())
+	h.started = true
+	time.Sleep(300 * time.Millisecond) // the first stty has run; read waits
+	require.NoError(t, jobproto.Write(h.ctlW, &jobproto.Resize{Rows: 40, Cols: 100}))
+	time.Sleep(200 * time.Millisecond)
+	_, err := h.stdinW.Write([]byte("go\n"))
+	require.NoError(t, err)
+	m, out, _ := h.finish()
+	require.Equal(t, &jobproto.Exited{}, m)
+	require.Equal(t, "33 77\r\ngo\r\n40 100\r\n", out)
+}
