@@ -345,8 +345,12 @@ func (j *Job) Run(ctx context.Context, m Machine) jobproto.Status {
 	case vmErr != nil:
 		return failed("the VM failed: " + vmErr.Error())
 	}
-	return failed("the guest powered off without reporting the command's status (the agent's reason, or a kernel panic, is on the guest console above)")
+	return failed(ReasonNoStatus)
 }
+
+// ReasonNoStatus is the reason of a job whose guest ended without a status
+// (the agent failed early or the kernel panicked: the console says which).
+const ReasonNoStatus = "the guest powered off without reporting the command's status (the agent's reason, or a kernel panic, is on the guest console)"
 
 func failed(reason string) jobproto.Status {
 	return jobproto.Status{Failure: jobproto.FailAgent, Reason: reason}

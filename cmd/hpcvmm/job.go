@@ -242,7 +242,8 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 	cfg.Cmdline = jobCmdline(cfg.Cmdline)
 	cfg.Console = vmm.ConsoleVirtio // the ports are virtio-console ports
 	cfg.Stdin = nil
-	cfg.Stdout = logOut // the kernel's console, never COMMAND's stdout
+	watch := &consoleWatch{w: logOut}
+	cfg.Stdout = watch // the kernel's console, never COMMAND's stdout
 	cfg.Progress = logOut
 	cfg.Logger = log
 	cfg.StartTime = processStart
@@ -290,6 +291,9 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 	st := j.Run(context.Background(), vm)
 	if err := vm.Close(); err != nil {
 		log.Warn("releasing the VM", "err", err)
+	}
+	if st.Failure == jobproto.FailAgent && st.Reason == job.ReasonNoStatus && watch.Last() != "" {
+		st.Reason = "the guest ended without the command's status: " + watch.Last()
 	}
 	if st.Failure != 0 {
 		fmt.Fprintf(stderr, "hpcvmm run: %s\n", st.Reason)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"testing"
@@ -71,4 +72,20 @@ func TestJobCmdline(t *testing.T) {
 	require.Equal(t, "console=ttyS0 quiet reboot=k panic=-1 rdinit=/.hpcvmm/hpcvmm-agent", jobCmdline(""))
 	require.Equal(t, "console=ttyS0 rdinit=/.hpcvmm/hpcvmm-agent", jobCmdline("console=ttyS0"))
 	require.Equal(t, "rdinit=/x", jobCmdline("rdinit=/x"))
+}
+
+func TestConsoleWatch(t *testing.T) {
+	var out bytes.Buffer
+	c := &consoleWatch{w: &out}
+	for _, chunk := range []string{"[    0.1] boot\r\n", "hpcvmm-agent: cannot reach hpc", "vmm: ports missing\n", "more\n"} {
+		n, err := c.Write([]byte(chunk))
+		require.NoError(t, err)
+		require.Equal(t, len(chunk), n)
+	}
+	require.Equal(t, "hpcvmm-agent: cannot reach hpcvmm: ports missing", c.Last())
+	_, _ = c.Write([]byte("[    2.5] Kernel panic - not syncing: Attempted to kill init!\n"))
+	require.Equal(t, "guest kernel panic - not syncing: Attempted to kill init!", c.Last())
+	require.Contains(t, out.String(), "more\n")
+	line := []byte("ordinary console line\n")
+	require.Zero(t, testing.AllocsPerRun(100, func() { _, _ = c.Write(line) }))
 }
