@@ -189,6 +189,22 @@ func TestJobsBusybox(t *testing.T) {
 			assert.Equal(t, "ready\ntrapped\n", out.String())
 		})
 
+		// A command that ignores SIGTERM: after --shutdown-timeout hpcvmm
+		// presses the ACPI power button, the agent reads KEY_POWER and
+		// sends SIGTERM, then SIGKILL after its grace: 137.
+		t.Run("shutdown-timeout-power-button", func(t *testing.T) {
+			var out syncBuffer
+			r := runJob(t, env, nil, &out, func(cmd *exec.Cmd) {
+				deadline := time.Now().Add(3 * time.Minute)
+				for time.Now().Before(deadline) && !strings.Contains(out.String(), "ready") {
+					time.Sleep(50 * time.Millisecond)
+				}
+				_ = cmd.Process.Signal(syscall.SIGTERM)
+			}, rootfs("--shutdown-timeout", "3s", "--", "sh", "-c", `trap '' TERM; echo ready; while :; do sleep 1; done`)...)
+			assert.Equal(t, 137, r.code, "stderr:\n%s", r.stderr)
+			assert.Contains(t, r.stderr, "pressing the power button")
+		})
+
 		t.Run("dynamic-command-without-libc", func(t *testing.T) {
 			dyn, err := exec.LookPath("nvme") // dynamic, in L1 with its libraries
 			if err != nil {
