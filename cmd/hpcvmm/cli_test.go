@@ -218,7 +218,7 @@ func TestRunHelpGroups(t *testing.T) {
 	})
 	assert.Equal(t, n, visible)
 	assert.Contains(t, out, "Ctrl-A x stops the VM")
-	assert.Regexp(t, `(?m)^Exit status:\n  0  the guest rebooted or powered off\n  1  .*\n.*\n  2  invalid input`, out)
+	assert.Regexp(t, `(?m)^Exit status \(a VM without COMMAND\):\n  0  the guest rebooted or powered off\n  1  .*\n.*\n  2  invalid input`, out)
 }
 
 // TestREADMEMatchesRunFlags: README's `hpcvmm run` flag table lists

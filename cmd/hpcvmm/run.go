@@ -133,7 +133,16 @@ button and waits --shutdown-timeout for it to power off (exit status 0); a
 second signal, the timeout, or a guest without ACPI stops the VM hard
 (exit status 1). Either way everything the VM held is released.
 
-Exit status:
+A job (hpcvmm run [FLAGS] --rootfs IMAGE -- COMMAND [ARG...]) runs COMMAND in
+the VM under hpcvmm's agent: COMMAND's stdout is hpcvmm's stdout, its stderr
+and stdin hpcvmm's; SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and
+SIGCONT go to it; after the first SIGTERM it has --shutdown-timeout before the
+power button, and the guest as long again before a hard stop. hpcvmm exits
+with COMMAND's status: its exit code, 128+N when signal N killed it, 127 not
+found, 126 not executable, 125 the VM or the agent failed (each of 125-127
+with a one-line reason); 2 for invalid input. See docs/jobs.md.
+
+Exit status (a VM without COMMAND):
   0  the guest rebooted or powered off
   1  the VM or hpcvmm failed (a triple fault, a KVM error, a VMM error), or the
      host cannot run this VM (hpcvmm check shows why, with fixes)
