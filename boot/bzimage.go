@@ -201,6 +201,31 @@ func (k *Kernel) Release() string {
 	return release
 }
 
+// ReleaseOfVmlinux returns the release of an uncompressed kernel (a
+// vmlinux ELF, which has no setup header): the word after "Linux version "
+// in its linux_banner, a string literal the build bakes in. Empty when the
+// image holds no such banner.
+func ReleaseOfVmlinux(image []byte) string {
+	const banner = "Linux version "
+	for off := 0; ; {
+		i := bytes.Index(image[off:], []byte(banner))
+		if i < 0 {
+			return ""
+		}
+		start := off + i + len(banner)
+		end := start
+		for end < len(image) && end-start < maxVersionLen && image[end] > ' ' && image[end] < 0x7f {
+			end++
+		}
+		// The banner goes on " (builder@host) ...": a bare "Linux version "
+		// elsewhere (a format string, "%s") is not it.
+		if end > start && end+1 < len(image) && image[end] == ' ' && image[end+1] == '(' && image[start] != '%' {
+			return string(image[start:end])
+		}
+		off = start
+	}
+}
+
 // versionString reads the NUL-terminated version string that kernel_version
 // points at (offset + 0x200), confined to the setup area.
 func versionString(image []byte, setupEnd int) string {

@@ -101,4 +101,49 @@ func BenchmarkBuild512MiBDir(b *testing.B) {
 		}
 		b.SetBytes(benchDirs * benchFiles * benchSize)
 	})
+	// The same tree as a tar IMAGE: a warm launch takes the file's hash
+	// and the image's index from the cache, and reads nothing of it.
+	tarPath := filepath.Join(b.TempDir(), "rootfs.tar")
+	if out, err := runCmd("/usr/bin/tar", "", "-C", dir, "-cf", tarPath, "."); err != nil {
+		b.Fatal(err, out)
+	}
+	tarCfg := func(cache string) Config {
+		c := cfg(cache)
+		im, err := rootfs.Open(tarPath)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.Image = im
+		return c
+	}
+	b.Run("tar-cold", func(b *testing.B) {
+		for b.Loop() {
+			cache := filepath.Join(b.TempDir(), "cache")
+			res, err := Build(tarCfg(cache))
+			if err != nil || res.Hit {
+				b.Fatal(err, res)
+			}
+			b.StopTimer()
+			_ = os.RemoveAll(cache)
+			b.StartTimer()
+		}
+		b.SetBytes(benchDirs * benchFiles * benchSize)
+	})
+	b.Run("tar-hit+lookpath", func(b *testing.B) {
+		cache := filepath.Join(b.TempDir(), "cache")
+		if _, err := Build(tarCfg(cache)); err != nil {
+			b.Fatal(err)
+		}
+		for b.Loop() {
+			c := tarCfg(cache)
+			res, err := Build(c)
+			if err != nil || !res.Hit {
+				b.Fatal(err, res)
+			}
+			if _, err := c.Image.LookPath("sh", rootfs.DefaultPath); err == nil {
+				b.Fatal("found a sh the image lacks")
+			}
+		}
+		b.SetBytes(benchDirs * benchFiles * benchSize)
+	})
 }

@@ -46,7 +46,19 @@ import (
 //     identity>.hash", "tree-<hash of the directory>.sums"), so a warm
 //     launch hashes nothing it hashed before. Changing a file's bytes
 //     updates its status-change time, which only root can set back (by
-//     setting the clock); a file replaced by rename has a new inode.
+//     setting the clock); a file replaced by rename has a new inode. That
+//     is not proof against the file's writer (a write through a shared
+//     mapping to a page already dirty updates no time stamp; a FUSE file
+//     system's owner reports whatever identity it likes), and the records
+//     are trusted for files any user owns all the same, because a record
+//     only ever chooses the key: an entry is filled only by a walk that
+//     checked everything it read against that key (rootfs.WalkKeyed, the
+//     agent hashed as copied), so a stale or lied-about identity can make
+//     a launch fail ("changed while hpcvmm read it", and the records are
+//     then forgotten) or serve the tree the key names, never store one tree
+//     under another's key. (The kernel cache, whose fill is not checked
+//     against its key that way, trusts records only for files no one but
+//     root and hpcvmm's user can write.)
 
 const (
 	metaMagic    = "hpcvmm-initramfs v1\n"
@@ -383,6 +395,30 @@ func identityOf(fi fs.FileInfo) (string, bool) {
 		time.Since(newest) >= racyWindow
 }
 
+// fileRecordPath is the record of the hash of the file at abs with
+// identity id; treeRecordPath the record of a directory IMAGE's files.
+func (c *Cache) fileRecordPath(abs, id string) string {
+	rh := sha256.Sum256([]byte(abs + "\n" + id))
+	return filepath.Join(c.dir, hashPrefix+hex.EncodeToString(rh[:16])+hashExt)
+}
+
+func (c *Cache) treeRecordPath(abs string) string {
+	rh := sha256.Sum256([]byte(abs))
+	return filepath.Join(c.dir, treePrefix+hex.EncodeToString(rh[:16])+treeExt)
+}
+
+// forget removes the hash records of IMAGE at path (a file or a
+// directory): after a walk found IMAGE other than its key said, the next
+// launch hashes it again instead of failing the same way.
+func (c *Cache) forget(path string) {
+	abs, _ := filepath.Abs(path)
+	_ = os.Remove(c.treeRecordPath(abs))
+	if fi, err := os.Stat(abs); err == nil {
+		id, _ := identityOf(fi)
+		_ = os.Remove(c.fileRecordPath(abs, id))
+	}
+}
+
 // FileSHA256 returns the SHA-256 of the file at path: from the record of
 // an earlier hash of the same, unchanged file when there is one (hashed
 // false), else by reading it (and recording it once the file has
@@ -399,8 +435,7 @@ func (c *Cache) FileSHA256(path string) (sum [sha256.Size]byte, hashed bool, err
 	}
 	abs, _ := filepath.Abs(path)
 	id, settled := identityOf(fi)
-	rh := sha256.Sum256([]byte(abs + "\n" + id))
-	rec := filepath.Join(c.dir, hashPrefix+hex.EncodeToString(rh[:16])+hashExt)
+	rec := c.fileRecordPath(abs, id)
 	if settled {
 		if lines := readRecord(rec); len(lines) == 3 && lines[0] == abs && lines[1] == id {
 			if b, err := hex.DecodeString(lines[2]); err == nil && len(b) == len(sum) {
@@ -517,8 +552,7 @@ type treeMemo struct {
 // implements rootfs.HashMemo's TreeMemo.
 func (c *Cache) TreeMemo(root string) rootfs.TreeMemo {
 	abs, _ := filepath.Abs(root)
-	rh := sha256.Sum256([]byte(abs))
-	t := &treeMemo{c: c, root: abs, rec: filepath.Join(c.dir, treePrefix+hex.EncodeToString(rh[:16])+treeExt), known: map[string]string{}}
+	t := &treeMemo{c: c, root: abs, rec: c.treeRecordPath(abs), known: map[string]string{}}
 	b, err := readOwned(t.rec, maxTreeBytes)
 	if err != nil || !bytes.HasPrefix(b, []byte(recordMagic)) {
 		return t

@@ -165,24 +165,62 @@ func CheckAgent(p string) error {
 // outside the cache directory is written; a build that fails leaves
 // nothing behind in it.
 func Build(cfg Config) (*Result, error) {
+	res, cache, agentSum, m, err := lookup(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if m != nil {
+		return res, nil
+	}
+	m, err = build(cfg, cache, res.Key, agentSum)
+	if err != nil {
+		if strings.Contains(err.Error(), "changed while hpcvmm read it") {
+			// The hash records chose a key the files do not match: the next
+			// launch hashes them again rather than failing the same way.
+			cache.forget(cfg.Image.Path())
+			cache.forget(cfg.Agent)
+		}
+		return nil, err
+	}
+	res.fill(m)
+	return res, nil
+}
+
+// Lookup is Build without building: the cached initramfs for cfg, or nil
+// (and no error) when the cache holds no usable entry. On a hit,
+// Config.Image's lookups (LookPath, Usage) read nothing of an archive or
+// container IMAGE from then on, so a caller that checks COMMAND before
+// building calls Lookup first: a warm launch then reads nothing of IMAGE
+// at all, and Build afterwards finds the same entry (its hashes are
+// remembered: milliseconds).
+func Lookup(cfg Config) (*Result, error) {
+	res, _, _, m, err := lookup(cfg)
+	if err != nil || m == nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// lookup computes cfg's key and returns the cache's entry for it (m nil
+// on a miss; res.Replaced says why an entry was unusable).
+func lookup(cfg Config) (res *Result, cache *Cache, agentSum string, m *meta, err error) {
 	if cfg.Image == nil {
-		return nil, errors.New("initramfs: Config.Image is nil: open the image with rootfs.Open")
+		return nil, nil, "", nil, errors.New("initramfs: Config.Image is nil: open the image with rootfs.Open")
 	}
 	if cfg.Agent == "" || cfg.Release == "" {
-		return nil, errors.New("initramfs: Config.Agent and Config.Release are required: pass os.Executable() and the kernel's release")
+		return nil, nil, "", nil, errors.New("initramfs: Config.Agent and Config.Release are required: pass os.Executable() and the kernel's release")
 	}
 	if err := CheckAgent(cfg.Agent); err != nil {
-		return nil, err
+		return nil, nil, "", nil, err
 	}
-	cache, err := OpenCache(cfg.CacheDir, cfg.CacheMax)
+	if cache, err = OpenCache(cfg.CacheDir, cfg.CacheMax); err != nil {
+		return nil, nil, "", nil, err
+	}
+	key, agentSum, err := cacheKey(cfg, cache)
 	if err != nil {
-		return nil, err
+		return nil, nil, "", nil, err
 	}
-	key, err := cacheKey(cfg, cache)
-	if err != nil {
-		return nil, err
-	}
-	res := &Result{Key: key, Path: cache.archivePath(key)}
+	res = &Result{Key: key, Path: cache.archivePath(key)}
 	m, index, _, err := cache.get(key)
 	if err == nil && index != nil {
 		if lerr := cfg.Image.LoadIndex(bytes.NewReader(index)); lerr != nil {
@@ -195,19 +233,14 @@ func Build(cfg Config) (*Result, error) {
 		res.fill(m)
 		if cfg.GuestMemory > 0 {
 			if err := Fits(m.size, m.unpacked, cfg.GuestMemory); err != nil {
-				return nil, fmt.Errorf("initramfs: image %s %w", cfg.Image.Path(), err)
+				return nil, nil, "", nil, fmt.Errorf("initramfs: image %s %w", cfg.Image.Path(), err)
 			}
 		}
-		return res, nil
+		return res, cache, agentSum, m, nil
 	case !errors.Is(err, errMiss):
 		res.Replaced = err.Error()
 	}
-	m, err = build(cfg, cache, key)
-	if err != nil {
-		return nil, err
-	}
-	res.fill(m)
-	return res, nil
+	return res, cache, agentSum, nil, nil
 }
 
 func (r *Result) fill(m *meta) {
@@ -216,14 +249,14 @@ func (r *Result) fill(m *meta) {
 }
 
 // cacheKey hashes what the archive is built from; see the package doc.
-func cacheKey(cfg Config, cache *Cache) (string, error) {
+func cacheKey(cfg Config, cache *Cache) (key, agentSum string, err error) {
 	imKey, err := cfg.Image.KeyUsing(cache)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
-	agentSum, _, err := cache.FileSHA256(cfg.Agent)
+	sum, _, err := cache.FileSHA256(cfg.Agent)
 	if err != nil {
-		return "", fmt.Errorf("initramfs: agent %s: %w", cfg.Agent, err)
+		return "", "", fmt.Errorf("initramfs: agent %s: %w", cfg.Agent, err)
 	}
 	mods := cfg.Modules
 	if mods == nil {
@@ -243,12 +276,12 @@ func cacheKey(cfg Config, cache *Cache) (string, error) {
 	hostDir, _ = filepath.Abs(hostDir)
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\nimage %s\nagent %x\nrelease %q\nmodules %q\nmodaliases %q\nhost %q %s\n",
-		formatVersion, imKey, agentSum, cfg.Release, norm, aliases, hostDir, kmodules.HostState(hostDir, cfg.Release))
-	return hex.EncodeToString(h.Sum(nil)), nil
+		formatVersion, imKey, sum, cfg.Release, norm, aliases, hostDir, kmodules.HostState(hostDir, cfg.Release))
+	return hex.EncodeToString(h.Sum(nil)), hex.EncodeToString(sum[:]), nil
 }
 
 // build writes the archive for cfg into the cache under key.
-func build(cfg Config, cache *Cache, key string) (m *meta, err error) {
+func build(cfg Config, cache *Cache, key, agentSum string) (m *meta, err error) {
 	im := cfg.Image
 	set, err := kmodules.Resolve(kmodules.Config{Release: cfg.Release, Image: im, HostDir: cfg.HostModules, Modules: cfg.Modules, Modaliases: cfg.Modaliases})
 	if err != nil {
@@ -270,8 +303,14 @@ func build(cfg Config, cache *Cache, key string) (m *meta, err error) {
 	sum := sha256.New()
 	a := newArchive(f)
 	a.cnt.w = io.MultiWriter(a.buf, sum)
-	b := &builder{a: a, cfg: cfg, top: map[string]string{}}
-	if err := im.Walk(b.entry); err != nil {
+	b := &builder{a: a, cfg: cfg, top: map[string]string{}, agentSum: agentSum,
+		modFiles: map[string]bool{}, modSums: map[string][sha256.Size]byte{}}
+	if strings.HasPrefix(set.Source, "image:") {
+		for _, m := range set.Modules {
+			b.modFiles[path.Base(m.File)] = true
+		}
+	}
+	if err := im.WalkKeyed(b.entry); err != nil {
 		return nil, err
 	}
 	if err := b.extras(set); err != nil {
@@ -309,12 +348,21 @@ type builder struct {
 	cfg      Config
 	unpacked int64
 	top      map[string]string // top-level symlinks of the image → targets
+	agentSum string            // the key's SHA-256 of the agent, hex
+	// The base names of the image's module files, and the SHA-256 of each
+	// file of such a name the walk wrote (modules from the image only).
+	modFiles map[string]bool
+	modSums  map[string][sha256.Size]byte
 }
 
+// count adds an entry of size content bytes to the unpacked total and,
+// before it is written, checks the image still fits the guest (Fits) with
+// the entry in the archive too: a build that cannot boot stops before it
+// writes the file that makes it too large.
 func (b *builder) count(size int64) error {
 	b.unpacked += rootfs.EntryOverhead + (size+rootfs.PageSize-1)/rootfs.PageSize*rootfs.PageSize
 	if b.cfg.GuestMemory > 0 {
-		if err := Fits(b.a.size(), b.unpacked, b.cfg.GuestMemory); err != nil {
+		if err := Fits(b.a.size()+size+512, b.unpacked, b.cfg.GuestMemory); err != nil {
 			return fmt.Errorf("initramfs: image %s %w", b.cfg.Image.Path(), err)
 		}
 	}
@@ -326,8 +374,17 @@ func (b *builder) entry(e *rootfs.Entry, content io.Reader) error {
 		return nil
 	}
 	a := b.a
-	var err error
 	size := int64(0)
+	switch {
+	case e.Hardlink:
+		size = a.data[e.Link][1]
+	case e.Mode.IsRegular():
+		size = e.Size
+	}
+	if err := b.count(size); err != nil {
+		return err
+	}
+	var err error
 	switch {
 	case e.IsDir():
 		err = a.dir(e.Name, e.Mode, e.UID, e.GID)
@@ -338,17 +395,24 @@ func (b *builder) entry(e *rootfs.Entry, content io.Reader) error {
 		err = a.symlink(e.Name, e.Link, e.UID, e.GID)
 	case e.Hardlink:
 		err = a.copyOf(e.Name, e.Link, e.Mode.Perm()|e.Mode&(fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky), e.UID, e.GID)
-		size = a.data[e.Name][1]
 	case e.Mode.IsRegular():
-		err = a.file(e.Name, e.Mode, e.UID, e.GID, e.Size, content)
-		size = e.Size
+		if b.modFiles[path.Base(e.Name)] && strings.Contains(e.Name, "/modules/"+b.cfg.Release+"/") {
+			// Perhaps one of the image's modules: remember what the walk
+			// saw of it, to check the copy kmodules read (extras).
+			h := sha256.New()
+			err = a.file(e.Name, e.Mode, e.UID, e.GID, e.Size, io.TeeReader(content, h))
+			var sum [sha256.Size]byte
+			b.modSums[e.Name] = [sha256.Size]byte(h.Sum(sum[:0]))
+		} else {
+			err = a.file(e.Name, e.Mode, e.UID, e.GID, e.Size, content)
+		}
 	default:
 		err = a.node(e.Name, e.Mode, e.UID, e.GID, e.DevMajor, e.DevMinor)
 	}
 	if err != nil {
 		return fmt.Errorf("initramfs: image %s: %w", b.cfg.Image.Path(), err)
 	}
-	return b.count(size)
+	return nil
 }
 
 // extras writes what hpcvmm adds to IMAGE: mount points, the agent, the
@@ -360,10 +424,10 @@ func (b *builder) extras(set *kmodules.Set) error {
 		perm fs.FileMode
 	}{{"proc", 0o555}, {"sys", 0o555}, {"dev", 0o755}, {"tmp", 0o777 | fs.ModeSticky}, {"run", 0o755}} {
 		if !a.all[d.name] {
-			if err := a.dir(d.name, d.perm, 0, 0); err != nil {
+			if err := b.count(0); err != nil {
 				return err
 			}
-			if err := b.count(0); err != nil {
+			if err := a.dir(d.name, d.perm, 0, 0); err != nil {
 				return err
 			}
 		}
@@ -385,11 +449,17 @@ func (b *builder) extras(set *kmodules.Set) error {
 	if err != nil {
 		return fmt.Errorf("initramfs: agent: %w", err)
 	}
-	if err := a.file(strings.TrimPrefix(AgentPath, "/"), 0o755, 0, 0, fi.Size(), io.LimitReader(ag, fi.Size())); err != nil {
-		return err
-	}
 	if err := b.count(fi.Size()); err != nil {
 		return err
+	}
+	// Hashed as it is copied and compared with the key's hash of it: the
+	// archive holds the agent its key names, or none.
+	sum := sha256.New()
+	if err := a.file(strings.TrimPrefix(AgentPath, "/"), 0o755, 0, 0, fi.Size(), io.TeeReader(io.LimitReader(ag, fi.Size()), sum)); err != nil {
+		return err
+	}
+	if got := hex.EncodeToString(sum.Sum(nil)); got != b.agentSum {
+		return fmt.Errorf("initramfs: agent %s changed while hpcvmm read it (SHA-256 %s, then %s): launch again", b.cfg.Agent, b.agentSum, got)
 	}
 
 	base, err := b.modulesBase(set.Release)
@@ -399,25 +469,33 @@ func (b *builder) extras(set *kmodules.Set) error {
 	fromImage := strings.HasPrefix(set.Source, "image:")
 	var list strings.Builder
 	for _, m := range set.Modules {
+		if fromImage {
+			// kmodules read the image's module file apart from this walk:
+			// it must be the file the walk (checked against the key) saw.
+			f := base + "/" + m.File
+			if sum, ok := b.modSums[f]; !ok || sum != m.FileSHA256 {
+				return fmt.Errorf("initramfs: image %s: module %s is not the regular file /%s the image holds (changed while hpcvmm read it, or its modules directory is reached through a symlink): launch again, or keep /lib/modules/%s a real directory", b.cfg.Image.Path(), m.Name, f, set.Release)
+			}
+		}
 		name := base + "/" + m.Path
 		if !fromImage || !a.all[name] { // an image that has its modules uncompressed holds them already
 			if err := a.ensureDirs(name); err != nil {
 				return err
 			}
-			if err := a.file(name, 0o644, 0, 0, int64(len(m.Data)), bytes.NewReader(m.Data)); err != nil {
+			if err := b.count(int64(len(m.Data))); err != nil {
 				return err
 			}
-			if err := b.count(int64(len(m.Data))); err != nil {
+			if err := a.file(name, 0o644, 0, 0, int64(len(m.Data)), bytes.NewReader(m.Data)); err != nil {
 				return err
 			}
 		}
 		list.WriteString("/" + name + "\n")
 	}
 	l := list.String()
-	if err := a.file(strings.TrimPrefix(ModulesList, "/"), 0o644, 0, 0, int64(len(l)), strings.NewReader(l)); err != nil {
+	if err := b.count(int64(len(l))); err != nil {
 		return err
 	}
-	return b.count(int64(len(l)))
+	return a.file(strings.TrimPrefix(ModulesList, "/"), 0o644, 0, 0, int64(len(l)), strings.NewReader(l))
 }
 
 // modulesBase is where lib/modules/RELEASE lies in the archive: below

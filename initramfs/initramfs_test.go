@@ -488,3 +488,167 @@ func TestBuildWithHostDebianModules(t *testing.T) {
 		require.True(t, strings.HasPrefix(content[strings.TrimPrefix(l, "/")], "\x7fELF"), l)
 	}
 }
+
+// TestArchiveUnpacksAndRuns unpacks a built archive with GNU cpio, as the
+// kernel would unpack it, and runs a busybox-static shell from it under
+// chroot: the tree is usable, not only well-formed. It needs root (device
+// nodes, chroot), cpio(1) and busybox-static, and skips without them.
+func TestArchiveUnpacksAndRuns(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create /dev/console and chroot")
+	}
+	for _, tool := range []string{"/usr/bin/cpio", "/bin/busybox", "/usr/sbin/chroot"} {
+		if _, err := os.Stat(tool); err != nil {
+			t.Skipf("needs %s (cpio, busybox-static, coreutils)", tool)
+		}
+	}
+	if out, err := runCmd("/usr/bin/file", "", "-L", "/bin/busybox"); err == nil && !strings.Contains(out, "statically linked") {
+		t.Skip("/bin/busybox is not static: install busybox-static")
+	}
+	root := imageDir(t)
+	bb, err := os.ReadFile("/bin/busybox")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(root, "usr/bin/busybox"), bb, 0o755))
+	require.NoError(t, os.Remove(filepath.Join(root, "usr/bin/sh")))
+	require.NoError(t, os.Remove(filepath.Join(root, "usr/bin/ash")))
+	require.NoError(t, os.Symlink("busybox", filepath.Join(root, "usr/bin/sh")))
+	require.NoError(t, os.Link(filepath.Join(root, "usr/bin/busybox"), filepath.Join(root, "usr/bin/cat")))
+	cfg := config(t, root)
+	res, err := Build(cfg)
+	require.NoError(t, err)
+
+	dst := t.TempDir()
+	out, err := runCmd("/bin/sh", res.Path, "-c", "cd "+dst+" && /usr/bin/cpio -idm --quiet --no-absolute-filenames")
+	require.NoError(t, err, out)
+	fi, err := os.Lstat(filepath.Join(dst, "etc/pw"))
+	require.NoError(t, err)
+	require.Equal(t, os.ModeSymlink, fi.Mode().Type())
+	fi, err = os.Lstat(filepath.Join(dst, "tmp"))
+	require.NoError(t, err)
+	require.Equal(t, os.ModeDir|os.ModeSticky|0o777, fi.Mode())
+	fi, err = os.Lstat(filepath.Join(dst, "dev/console"))
+	require.NoError(t, err)
+	require.Equal(t, os.ModeDevice|os.ModeCharDevice, fi.Mode().Type())
+	list, err := os.ReadFile(filepath.Join(dst, ".hpcvmm/modules"))
+	require.NoError(t, err)
+	require.Contains(t, string(list), "/usr/lib/modules/6.1.0-test/kernel/drivers/nvme/host/nvme.ko\n")
+
+	out, err = runCmd("/usr/sbin/chroot", "", dst, "/bin/sh", "-c", "echo out; cat /etc/hostname; exit 7")
+	require.Error(t, err)
+	require.Equal(t, "out\njob\n", out)
+	require.Contains(t, err.Error(), "exit status 7")
+}
+
+func TestBuildWithModulesFromImage(t *testing.T) {
+	root := imageDir(t)
+	dst := filepath.Join(root, "usr/lib/modules/6.1.0-test")
+	require.NoError(t, os.CopyFS(dst, os.DirFS(filepath.Join(fixtureModules(t), "6.1.0-test"))))
+	cfg := config(t, root)
+	cfg.HostModules = t.TempDir() // the host has none: only the image's count
+	res, err := Build(cfg)
+	require.NoError(t, err)
+	require.Equal(t, "image:/lib/modules/6.1.0-test", res.ModuleSource)
+	recs, content := readArchive(t, res.Path)
+	count := map[string]int{}
+	for _, r := range recs {
+		count[r.Name]++
+	}
+	// nvme.ko is in the image uncompressed: written once, by the walk.
+	require.Equal(t, 1, count["usr/lib/modules/6.1.0-test/kernel/drivers/nvme/host/nvme.ko"])
+	// virtio.ko.xz is in the image; its decompressed copy is added beside.
+	require.Equal(t, 1, count["usr/lib/modules/6.1.0-test/kernel/drivers/virtio/virtio.ko.xz"])
+	require.True(t, strings.HasPrefix(content["usr/lib/modules/6.1.0-test/kernel/drivers/virtio/virtio.ko"], "\x7fELF fixture module virtio"))
+}
+
+// A record that lies about a file (its identity unchanged, its bytes
+// not: a write through a shared mapping, a FUSE file system) chooses the
+// key, but cannot put other bytes under it: the build's walk checks what
+// it reads, fails, and forgets the record, and the next launch hashes the
+// file and builds it under its true key.
+func TestStaleHashRecordCannotPoison(t *testing.T) {
+	dir := t.TempDir()
+	tarPath := filepath.Join(dir, "image.tar")
+	genuine := filepath.Join(dir, "genuine")
+	require.NoError(t, os.Mkdir(genuine, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(genuine, "sh"), []byte("genuine"), 0o755))
+	out, err := runCmd("/usr/bin/tar", "", "-C", genuine, "-cf", tarPath, ".")
+	require.NoError(t, err, out)
+	genuineTar, err := os.ReadFile(tarPath)
+	require.NoError(t, err)
+
+	// The record says the file holds the genuine tar; it holds another.
+	require.NoError(t, os.WriteFile(filepath.Join(genuine, "sh"), []byte("evil!!!"), 0o755))
+	out, err = runCmd("/usr/bin/tar", "", "-C", genuine, "-cf", tarPath, ".")
+	require.NoError(t, err, out)
+	cfg := config(t, tarPath)
+	c, err := OpenCache(cfg.CacheDir, 0)
+	require.NoError(t, err)
+	fi, err := os.Stat(tarPath)
+	require.NoError(t, err)
+	id, _ := identityOf(fi)
+	abs, _ := filepath.Abs(tarPath)
+	c.writeRecord(c.fileRecordPath(abs, id), abs, id, fmt.Sprintf("%x", sha256.Sum256(genuineTar)))
+	_, hashed, err := c.FileSHA256(tarPath)
+	require.NoError(t, err)
+	require.False(t, hashed, "the lying record is believed")
+
+	_, err = Build(cfg)
+	require.ErrorContains(t, err, "changed while hpcvmm read it")
+	archives, _ := filepath.Glob(filepath.Join(cfg.CacheDir, "*"+archiveExt))
+	require.Empty(t, archives, "nothing stored under the genuine tar's key")
+
+	cfg.Image, _ = rootfs.Open(tarPath)
+	res, err := Build(cfg)
+	require.NoError(t, err, "the record was forgotten: hashed again, built under its own key")
+	_, content := readArchive(t, res.Path)
+	require.Equal(t, "evil!!!", content["sh"])
+}
+
+// An IMAGE changed between its key and the build's walk is not cached
+// under the key (the kernel cache's poisoning, issue 23): the build fails
+// and leaves nothing.
+func TestBuildRefusesImageChangedAfterItsKey(t *testing.T) {
+	root := imageDir(t)
+	cfg := config(t, root)
+	_, err := cfg.Image.Key()
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(root, "etc/hostname"), []byte("evi\n"), 0o644))
+	_, err = Build(cfg)
+	require.ErrorContains(t, err, "changed while hpcvmm read it")
+	entries, _ := os.ReadDir(cfg.CacheDir)
+	for _, e := range entries {
+		require.False(t, strings.HasSuffix(e.Name(), archiveExt) || strings.HasSuffix(e.Name(), metaExt) || strings.HasPrefix(e.Name(), tempPrefix), "left %s", e.Name())
+	}
+}
+
+func TestLookupBeforeBuild(t *testing.T) {
+	dir := imageDir(t)
+	tarPath := filepath.Join(t.TempDir(), "root.tar")
+	out, err := runCmd("/usr/bin/tar", "", "-C", dir, "-cf", tarPath, ".")
+	require.NoError(t, err, out)
+	cfg := config(t, tarPath)
+	res, err := Lookup(cfg)
+	require.NoError(t, err)
+	require.Nil(t, res, "cold: no entry")
+	built, err := Build(cfg)
+	require.NoError(t, err)
+
+	// Warm: Lookup finds the entry and brings the index, so checking
+	// COMMAND before Build reads nothing of IMAGE (here: truncated after
+	// Lookup, so any walk would fail).
+	cfg.Image, _ = rootfs.Open(tarPath)
+	res, err = Lookup(cfg)
+	require.NoError(t, err)
+	require.NotNil(t, res)
+	require.True(t, res.Hit)
+	require.Equal(t, built.Key, res.Key)
+	require.NoError(t, os.Truncate(tarPath, 1024))
+	_, err = cfg.Image.LookPath("ash", rootfs.DefaultPath)
+	require.NoError(t, err)
+	u, err := cfg.Image.Usage()
+	require.NoError(t, err)
+	require.Positive(t, u.Bytes)
+	again, err := Build(cfg)
+	require.NoError(t, err)
+	require.True(t, again.Hit)
+}

@@ -21,6 +21,7 @@ package kmodules
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -83,6 +84,13 @@ type Module struct {
 	Path string
 	// Data is the module's ELF object, decompressed.
 	Data []byte
+	// File is the module's file as modules.dep names it (with any
+	// compression suffix), relative to the modules directory, and
+	// FileSHA256 the SHA-256 of the bytes read from it: for modules from
+	// the image, package initramfs checks them against the file its walk
+	// of the image saw.
+	File       string
+	FileSHA256 [sha256.Size]byte
 }
 
 // Set is the modules a guest loads, in load order.
@@ -198,7 +206,7 @@ func Resolve(cfg Config) (*Set, error) {
 		if err != nil {
 			return nil, fmt.Errorf("kmodules: %s/%s: %w: the module file is corrupt; reinstall the kernel's modules", src.where, p, err)
 		}
-		set.Modules = append(set.Modules, Module{Name: nameOf(p), Path: stripCompression(p), Data: data})
+		set.Modules = append(set.Modules, Module{Name: nameOf(p), Path: stripCompression(p), Data: data, File: p, FileSHA256: sha256.Sum256(datas[p])})
 	}
 	return set, nil
 }

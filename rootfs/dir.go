@@ -1,8 +1,10 @@
 package rootfs
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
 	"os"
@@ -18,6 +20,14 @@ import (
 // file swapped for a symlink mid-walk is refused rather than followed. Hard
 // links are yielded as separate regular files (their content twice).
 func walkDir(root, image string, fn func(*Entry, io.Reader) error) error {
+	return walkDirHashing(root, image, fn, nil)
+}
+
+// walkDirHashing is walkDir that, with key non-nil, also writes each
+// entry into key as Image.Key hashes a directory: its metadata, and a
+// regular file's content SHA-256 from the bytes fn was given (the rest,
+// if fn stops early, read here).
+func walkDirHashing(root, image string, fn func(*Entry, io.Reader) error, key io.Writer) error {
 	var e Entry
 	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -37,20 +47,62 @@ func walkDir(root, image string, fn func(*Entry, io.Reader) error) error {
 		if err := dirEntry(p, filepath.ToSlash(rel), fi, image, &e); err != nil {
 			return err
 		}
+		if key != nil {
+			dirKeyEntry(key, &e)
+		}
 		if !e.IsRegular() {
 			return fn(&e, nil)
 		}
-		f, err := openNoFollow(p, fi)
-		if err != nil {
-			return fmt.Errorf("rootfs: image %s: %w", image, err)
+		r := &lazyFile{path: p, fi: fi, image: image}
+		defer r.close()
+		if key != nil {
+			r.sum = sha256.New()
 		}
-		defer f.Close()
-		r := &exactReader{r: f, left: e.Size, name: p}
 		if err := fn(&e, r); err != nil {
 			return err
 		}
+		if key != nil {
+			if _, err := io.Copy(io.Discard, r); err != nil {
+				return err
+			}
+			var sum [sha256.Size]byte
+			r.sum.Sum(sum[:0])
+			dirKeySum(key, sum)
+		}
 		return nil
 	})
+}
+
+// lazyFile opens a directory IMAGE's regular file on its first Read, so a
+// walk that only wants metadata (Usage) opens nothing.
+type lazyFile struct {
+	path  string
+	fi    fs.FileInfo
+	image string
+	f     *os.File
+	r     *exactReader
+	sum   hash.Hash // when set, what is read is hashed
+}
+
+func (l *lazyFile) Read(p []byte) (int, error) {
+	if l.r == nil {
+		f, err := openNoFollow(l.path, l.fi)
+		if err != nil {
+			return 0, fmt.Errorf("rootfs: image %s: %w", l.image, err)
+		}
+		l.f, l.r = f, &exactReader{r: f, left: l.fi.Size(), name: l.path}
+	}
+	n, err := l.r.Read(p)
+	if l.sum != nil {
+		l.sum.Write(p[:n])
+	}
+	return n, err
+}
+
+func (l *lazyFile) close() {
+	if l.f != nil {
+		_ = l.f.Close()
+	}
 }
 
 // dirEntry fills e from a host file's Lstat information.

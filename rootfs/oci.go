@@ -1,6 +1,7 @@
 package rootfs
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -94,10 +95,31 @@ type verifiedImage struct {
 
 func (v *verifiedImage) Layers() ([]v1.Layer, error) { return v.layers, nil }
 
-func verifyLayers(img v1.Image) (v1.Image, error) {
-	cf, err := img.ConfigFile()
+// configDigest reads img's config once and returns its SHA-256: the
+// image's content key (the config's diff_ids name every layer's content).
+func configDigest(img v1.Image) (v1.Hash, error) {
+	raw, err := img.RawConfigFile()
 	if err != nil {
-		return nil, err
+		return v1.Hash{}, fmt.Errorf("config: %w", err)
+	}
+	sum := sha256.Sum256(raw)
+	return v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(sum[:])}, nil
+}
+
+// verifyLayers returns img with each layer checked, as it is read, against
+// the diff_id of the config whose digest is want (read once here and
+// checked, so the layers are bound to the key Open computed).
+func verifyLayers(img v1.Image, want v1.Hash) (v1.Image, error) {
+	raw, err := img.RawConfigFile()
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	if sum := sha256.Sum256(raw); want.Algorithm != "sha256" || hex.EncodeToString(sum[:]) != want.Hex {
+		return nil, fmt.Errorf("the config changed since the image was opened (%s, now sha256:%x): launch again once it is written", want, sum)
+	}
+	cf, err := v1.ParseConfigFile(bytes.NewReader(raw))
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
 	}
 	layers, err := img.Layers()
 	if err != nil {
@@ -158,8 +180,8 @@ func openDockerArchive(path string) (v1.Image, error) {
 
 // walkImage flattens img's layers (in order, whiteouts applied, by
 // mutate.Extract) and yields the result.
-func walkImage(img v1.Image, image string, fn func(*Entry, io.Reader) error) error {
-	img, err := verifyLayers(img)
+func walkImage(img v1.Image, cfg v1.Hash, image string, fn func(*Entry, io.Reader) error) error {
+	img, err := verifyLayers(img, cfg)
 	if err != nil {
 		return fmt.Errorf("rootfs: image %s: %w: pull or save the image again", image, err)
 	}

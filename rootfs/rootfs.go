@@ -28,6 +28,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
 	"os"
@@ -81,6 +82,12 @@ type Image struct {
 	keyOnce sync.Once
 	key     Key
 	keyErr  error
+	keyDone bool // key computed: walks check what they read against it
+
+	// What the key was computed from, for the walks' checks: a tar's
+	// SHA-256, a container image's config digest (set by Open).
+	fileSum   [sha256.Size]byte
+	cfgDigest v1.Hash
 
 	idx    map[string]*Entry // FormatTar and container images: metadata of every entry, built once
 	idxErr error
@@ -104,6 +111,9 @@ func Open(image string) (*Image, error) {
 			im.format = FormatOCILayout
 			if im.img, err = openLayout(image); err != nil {
 				return nil, fmt.Errorf("rootfs: image %s: OCI image layout: %w: check the layout (e.g. skopeo inspect oci:%s)", image, err, image)
+			}
+			if im.cfgDigest, err = configDigest(im.img); err != nil {
+				return nil, fmt.Errorf("rootfs: image %s: OCI image layout: %w", image, err)
 			}
 			return im, nil
 		}
@@ -177,6 +187,9 @@ func (im *Image) detectArchive() error {
 			if im.img, err = openDockerArchive(im.path); err != nil {
 				return fmt.Errorf("rootfs: image %s: docker save archive: %w: save exactly one image (docker save IMAGE:TAG)", im.path, err)
 			}
+			if im.cfgDigest, err = configDigest(im.img); err != nil {
+				return fmt.Errorf("rootfs: image %s: docker save archive: %w", im.path, err)
+			}
 			return nil
 		}
 	}
@@ -236,14 +249,37 @@ func (im *Image) walk(fn func(e *Entry, content io.Reader) error) error {
 	case FormatDir:
 		return walkDir(im.path, im.path, fn)
 	case FormatTar:
-		rc, err := openTar(im.path, im.comp)
+		f, err := os.Open(im.path)
 		if err != nil {
 			return fmt.Errorf("rootfs: image %s: %w", im.path, err)
 		}
-		defer rc.Close()
-		return walkTar(rc, im.path, fn)
+		defer f.Close()
+		// The file's bytes are hashed as they are read, so a walk after Key
+		// checks it read the very file the key names (a file rewritten in
+		// between would otherwise be cached under another file's key).
+		raw := &hashingReader{r: f, h: sha256.New()}
+		d, err := decompressor(bufio.NewReaderSize(raw, 1<<20), im.comp)
+		if err != nil {
+			return fmt.Errorf("rootfs: image %s: %w", im.path, err)
+		}
+		defer d.Close()
+		if err := walkTar(d, im.path, fn); err != nil {
+			return err
+		}
+		if !im.keyDone {
+			return nil
+		}
+		if _, err := io.Copy(io.Discard, raw); err != nil {
+			return fmt.Errorf("rootfs: image %s: %w", im.path, err)
+		}
+		var got [sha256.Size]byte
+		raw.h.Sum(got[:0])
+		if got != im.fileSum {
+			return fmt.Errorf("rootfs: image %s changed while hpcvmm read it (SHA-256 %x, then %x): launch again once it is written", im.path, im.fileSum, got)
+		}
+		return nil
 	case FormatOCILayout, FormatDockerArchive:
-		err := walkImage(im.img, im.path, fn)
+		err := walkImage(im.img, im.cfgDigest, im.path, fn)
 		switch {
 		case err == nil || strings.HasPrefix(err.Error(), "rootfs: "):
 			return err
@@ -291,7 +327,7 @@ func (im *Image) keyDir(h io.Writer, memo HashMemo) error {
 		if err := dirEntry(p, filepath.ToSlash(rel), fi, im.path, &e); err != nil {
 			return err
 		}
-		fmt.Fprintf(h, "%q %o %d %d %d %q %t %d %d\n", e.Name, uint32(e.Mode), e.UID, e.GID, e.Size, e.Link, e.Hardlink, e.DevMajor, e.DevMinor)
+		dirKeyEntry(h, &e)
 		if !e.IsRegular() {
 			return nil
 		}
@@ -314,9 +350,52 @@ func (im *Image) keyDir(h io.Writer, memo HashMemo) error {
 		if err != nil {
 			return fmt.Errorf("rootfs: image %s: %w", im.path, err)
 		}
-		fmt.Fprintf(h, "%x\n", sum)
+		dirKeySum(h, sum)
 		return nil
 	})
+}
+
+// dirKeyEntry and dirKeySum write an entry's metadata and a regular
+// file's content SHA-256 into a directory IMAGE's key hash.
+func dirKeyEntry(h io.Writer, e *Entry) {
+	fmt.Fprintf(h, "%q %o %d %d %d %q %t %d %d\n", e.Name, uint32(e.Mode), e.UID, e.GID, e.Size, e.Link, e.Hardlink, e.DevMajor, e.DevMinor)
+}
+
+func dirKeySum(h io.Writer, sum [sha256.Size]byte) { fmt.Fprintf(h, "%x\n", sum) }
+
+// keyHeader starts a key hash.
+func (im *Image) keyHeader() hash.Hash {
+	h := sha256.New()
+	io.WriteString(h, keyVersion)
+	fmt.Fprintf(h, "%s\n", im.format)
+	return h
+}
+
+// WalkKeyed is Walk that also checks that what it yields is what Key
+// named (computing Key first if it was not): a directory IMAGE's entries
+// and contents are hashed as they are yielded (content fn does not read is
+// read here) and the result compared with the key; a tar IMAGE's bytes
+// are hashed as they are read; a container image's layers are checked
+// against its config, whose digest is the key. If IMAGE changed since
+// Key, the walk fails ("changed while hpcvmm read it") instead of yielding
+// a tree that a cache would store under another tree's key.
+func (im *Image) WalkKeyed(fn func(e *Entry, content io.Reader) error) error {
+	if _, err := im.Key(); err != nil {
+		return err
+	}
+	if im.format != FormatDir {
+		return im.Walk(fn)
+	}
+	h := im.keyHeader()
+	if err := walkDirHashing(im.path, im.path, fn, h); err != nil {
+		return err
+	}
+	var got Key
+	h.Sum(got[:0])
+	if got != im.key {
+		return fmt.Errorf("rootfs: image %s changed while hpcvmm read it: launch again once it is written", im.path)
+	}
+	return nil
 }
 
 // readSum hashes what open yields.
@@ -336,17 +415,23 @@ func readSum(open func() (io.ReadCloser, error), buf []byte) (sum [sha256.Size]b
 
 // Key returns a key of IMAGE's content, computed once per Image:
 //
-//   - an OCI image layout: from the image's manifest digest (a few hundred
-//     bytes hashed: the manifest names every layer by its digest, and
-//     mutate.Extract verifies each layer against it when it is read);
-//   - a tar or docker save archive: the SHA-256 of the file (about 0.5 s
-//     per GiB on one core with SHA extensions);
+//   - an OCI image layout or a docker save archive: from the image's
+//     config digest (the image ID; a few KiB hashed at Open): the config's
+//     diff_ids name every layer's uncompressed content, and every walk
+//     checks each layer against them, so the key covers the whole tree;
+//   - a tar archive: the SHA-256 of the file (about 0.5 s per GiB on one
+//     core with SHA extensions, or a remembered hash, see KeyUsing), and
+//     every walk after Key hashes the file again as it reads it;
 //   - a directory: a SHA-256 over every entry's name, type, mode, owner,
 //     size, link target and its content's SHA-256 — the whole tree is read
 //     and hashed (0.7 s for 512 MiB on this project's 2-core AMD EPYC dev
 //     VM: BenchmarkBuild512MiBDir in package initramfs), except for files
 //     KeyUsing's memo remembers unchanged, where only the Lstat walk
-//     remains.
+//     remains. WalkKeyed checks a walk against it.
+//
+// A cache keyed by Key must fill an entry only from WalkKeyed (or, for
+// archives and container images, any walk after Key), never from a walk
+// that could see another tree than the key names.
 func (im *Image) Key() (Key, error) { return im.KeyUsing(nil) }
 
 // HashMemo hashes files, remembering earlier results by file identity
@@ -379,17 +464,11 @@ func (im *Image) KeyUsing(memo HashMemo) (Key, error) {
 }
 
 func (im *Image) computeKey(memo HashMemo) (Key, error) {
-	h := sha256.New()
-	io.WriteString(h, keyVersion)
-	fmt.Fprintf(h, "%s\n", im.format)
+	h := im.keyHeader()
 	switch im.format {
-	case FormatOCILayout:
-		d, err := im.img.Digest()
-		if err != nil {
-			return Key{}, fmt.Errorf("rootfs: image %s: manifest digest: %w", im.path, err)
-		}
-		fmt.Fprintf(h, "%s\n", d)
-	case FormatTar, FormatDockerArchive:
+	case FormatOCILayout, FormatDockerArchive:
+		fmt.Fprintf(h, "config %s\n", im.cfgDigest)
+	case FormatTar:
 		var sum [sha256.Size]byte
 		var err error
 		if memo != nil {
@@ -400,6 +479,7 @@ func (im *Image) computeKey(memo HashMemo) (Key, error) {
 		if err != nil {
 			return Key{}, fmt.Errorf("rootfs: image %s: %w", im.path, err)
 		}
+		im.fileSum = sum
 		fmt.Fprintf(h, "%x\n", sum)
 	case FormatDir:
 		if err := im.keyDir(h, memo); err != nil {
@@ -408,6 +488,7 @@ func (im *Image) computeKey(memo HashMemo) (Key, error) {
 	}
 	var k Key
 	h.Sum(k[:0])
+	im.keyDone = true
 	return k, nil
 }
 

@@ -437,3 +437,93 @@ func TestIndexRoundTrip(t *testing.T) {
 	require.ErrorContains(t, im2.LoadIndex(strings.NewReader(indexMagic+"\n\"../x\" 0 0 0 0 0 0 0 \"\"\nusage 1 0 0\n")), "not clean")
 	require.ErrorContains(t, im2.LoadIndex(strings.NewReader(indexMagic+"\n")), "truncated")
 }
+
+func TestFileSwappedForSymlinkMidWalk(t *testing.T) {
+	root := t.TempDir()
+	p := filepath.Join(root, "f")
+	require.NoError(t, os.WriteFile(p, []byte("data"), 0o644))
+	im, err := Open(root)
+	require.NoError(t, err)
+	err = im.Walk(func(e *Entry, r io.Reader) error {
+		// Between the walk's Lstat and the read, f becomes a link to a
+		// host file: the read must fail, not follow it.
+		require.NoError(t, os.Remove(p))
+		require.NoError(t, os.Symlink("/etc/passwd", p))
+		b, err := io.ReadAll(r)
+		require.Empty(t, b)
+		return err
+	})
+	require.Error(t, err)
+	require.ErrorContains(t, err, root)
+}
+
+// A tree that changes between Key and the walk that fills a cache entry
+// must not be yielded as the keyed tree: that would store one tree's
+// content under another's key (the kernel cache's poisoning, issue 23).
+func TestWalkAfterKeyRefusesAChangedImage(t *testing.T) {
+	t.Run("tar", func(t *testing.T) {
+		p := writeFile(t, tarBytes(t, exe("bin/sh", "genuine")))
+		im, err := Open(p)
+		require.NoError(t, err)
+		_, err = im.Key()
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(p, tarBytes(t, exe("bin/sh", "evil!!!")), 0o644))
+		err = im.Walk(func(*Entry, io.Reader) error { return nil })
+		require.ErrorContains(t, err, "changed while hpcvmm read it")
+	})
+	t.Run("directory", func(t *testing.T) {
+		root := t.TempDir()
+		require.NoError(t, os.WriteFile(filepath.Join(root, "sh"), []byte("genuine"), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(root, "skipped"), []byte("genuine"), 0o644))
+		im, err := Open(root)
+		require.NoError(t, err)
+		_, err = im.Key()
+		require.NoError(t, err)
+		// Unchanged: the keyed walk passes, even where fn reads nothing.
+		require.NoError(t, im.WalkKeyed(func(e *Entry, r io.Reader) error { return nil }))
+		// Same size, other bytes, in a file the consumer does not read.
+		require.NoError(t, os.WriteFile(filepath.Join(root, "skipped"), []byte("evil!!!"), 0o644))
+		err = im.WalkKeyed(func(e *Entry, r io.Reader) error {
+			if e.Name == "sh" {
+				_, err := io.Copy(io.Discard, r)
+				return err
+			}
+			return nil
+		})
+		require.ErrorContains(t, err, "changed while hpcvmm read it")
+	})
+	t.Run("OCI config", func(t *testing.T) {
+		dir := t.TempDir()
+		p, err := layout.Write(dir, empty.Index)
+		require.NoError(t, err)
+		img := whiteoutImage(t)
+		require.NoError(t, p.AppendImage(img))
+		im, err := Open(dir)
+		require.NoError(t, err)
+		_, err = im.Key()
+		require.NoError(t, err)
+		cn, err := img.ConfigName()
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "blobs", cn.Algorithm, cn.Hex), []byte(`{"rootfs":{"type":"layers","diff_ids":[]}}`), 0o644))
+		err = im.Walk(func(*Entry, io.Reader) error { return nil })
+		require.ErrorContains(t, err, "changed since the image was opened")
+	})
+}
+
+func TestContainerKeyIsTheConfigDigest(t *testing.T) {
+	img := whiteoutImage(t)
+	dir := t.TempDir()
+	lp, err := layout.Write(dir, empty.Index)
+	require.NoError(t, err)
+	require.NoError(t, lp.AppendImage(img))
+	p := filepath.Join(t.TempDir(), "saved.tar")
+	ref, _ := name.ParseReference("example.com/job:1")
+	require.NoError(t, tarball.WriteToFile(p, ref, img))
+	oci, err := Open(dir)
+	require.NoError(t, err)
+	docker, err := Open(p)
+	require.NoError(t, err)
+	require.Equal(t, oci.cfgDigest, docker.cfgDigest, "the same image saved two ways has one config")
+	cn, _ := img.ConfigName()
+	require.Equal(t, cn, oci.cfgDigest)
+}

@@ -2,14 +2,13 @@ package rootfs
 
 import (
 	"archive/tar"
-	"bufio"
 	"bytes"
 	"compress/gzip"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
-	"os"
 	"strings"
 
 	"github.com/klauspost/compress/zstd"
@@ -54,33 +53,6 @@ func decompressor(r io.Reader, c compression) (io.ReadCloser, error) {
 	return io.NopCloser(r), nil
 }
 
-// openTar opens the tar file at path, decompressed.
-func openTar(path string, c compression) (io.ReadCloser, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	d, err := decompressor(bufio.NewReaderSize(f, 1<<20), c)
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	return struct {
-		io.Reader
-		io.Closer
-	}{d, closers{d, f}}, nil
-}
-
-type closers []io.Closer
-
-func (cs closers) Close() error {
-	var errs []error
-	for _, c := range cs {
-		errs = append(errs, c.Close())
-	}
-	return errors.Join(errs...)
-}
-
 // walkTar yields the entries of the tar stream r through a normalizer.
 // image names IMAGE in errors; what names the stream's origin (IMAGE, or
 // "the flattened layers of IMAGE").
@@ -117,6 +89,9 @@ func tarEntry(hdr *tar.Header, image string, e *Entry) error {
 	name, err := cleanName(hdr.Name)
 	if err != nil {
 		return fmt.Errorf("rootfs: image %s: %w: such an entry would escape the root; rebuild the image without it", image, err)
+	}
+	if hdr.Uid < 0 || hdr.Gid < 0 || hdr.Uid > 0xffffffff || hdr.Gid > 0xffffffff {
+		return fmt.Errorf("rootfs: image %s: entry %q has owner %d:%d, outside 0..2^32-1: the archive is corrupt", image, hdr.Name, hdr.Uid, hdr.Gid)
 	}
 	*e = Entry{Name: name, UID: hdr.Uid, GID: hdr.Gid, Mode: fs.FileMode(hdr.Mode).Perm()}
 	if hdr.Mode&04000 != 0 {
@@ -160,4 +135,16 @@ func tarEntry(hdr *tar.Header, image string, e *Entry) error {
 		return fmt.Errorf("rootfs: image %s: entry %q has tar type %q, which an initramfs cannot hold: rebuild the image without it", image, hdr.Name, hdr.Typeflag)
 	}
 	return nil
+}
+
+// hashingReader hashes what it reads.
+type hashingReader struct {
+	r io.Reader
+	h hash.Hash
+}
+
+func (h *hashingReader) Read(p []byte) (int, error) {
+	n, err := h.r.Read(p)
+	h.h.Write(p[:n])
+	return n, err
 }
