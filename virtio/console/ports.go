@@ -210,7 +210,15 @@ func (c *Console) portByID(id uint32) *namedPort {
 	return c.ports[id-1]
 }
 
+// signal wakes the device goroutine from a port's goroutine. Under mu, as
+// the deferred-interrupt timer does: once Close has closed the eventfd its
+// number may belong to another file.
 func (c *Console) signal(what string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fdClosed {
+		return
+	}
 	if err := irq.SignalEventFD(c.eventFD); err != nil && c.opts.OnError != nil {
 		c.opts.OnError(fmt.Errorf("virtio-console: signal %s: %w", what, err))
 	}
