@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
@@ -305,7 +306,8 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 
 // prepareRootfs checks IMAGE and COMMAND before boot and returns the job's
 // initramfs; a code >= 0 is the exit status to end with (its reason
-// printed).
+// printed). A cached initramfs is looked up first: on a hit the checks read
+// nothing of an archive or container IMAGE, and nothing is built.
 func prepareRootfs(image string, f *runFlags, spec *job.Spec, log *slog.Logger, stderr io.Writer) (string, int) {
 	im, err := rootfs.Open(image)
 	if err != nil {
@@ -313,6 +315,14 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, log *slog.Logger, 
 		return "", 2
 	}
 	defer im.Close()
+	t0 := time.Now()
+	cfg, cfgErr := jobInitrdConfig(im, f)
+	var hit *initramfs.Result
+	if cfgErr == nil {
+		if hit, err = initramfs.Lookup(cfg); err != nil {
+			log.Debug("job: initramfs cache lookup", "err", err)
+		}
+	}
 	path := agent.DefaultPath
 	for _, kv := range agent.Env((*jobproto.Start)(spec)) {
 		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
@@ -329,21 +339,30 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, log *slog.Logger, 
 		fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
 		return "", code
 	}
-	u, err := im.Usage()
-	if err != nil {
-		fmt.Fprintf(stderr, "hpcvmm run: --rootfs: %v\n", err)
+	if hit == nil {
+		u, err := im.Usage()
+		if err != nil {
+			fmt.Fprintf(stderr, "hpcvmm run: --rootfs: %v\n", err)
+			return "", 2
+		}
+		// Checked before the build, from IMAGE's index: the archive is
+		// about its content's size.
+		if err := initramfs.Fits(u.Bytes, u.Memory, int64(f.cfg.Memory)); err != nil {
+			fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: --memory: %v\n", image, err)
+			return "", 2
+		}
+	}
+	if cfgErr != nil {
+		fmt.Fprintf(stderr, "hpcvmm run: %v\n", cfgErr)
 		return "", 2
 	}
-	// Checked before the build, from IMAGE's index: the archive is about
-	// its content's size.
-	if err := initramfs.Fits(u.Bytes, u.Memory, int64(f.cfg.Memory)); err != nil {
-		fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: --memory: %v\n", image, err)
-		return "", 2
+	res := hit
+	if res == nil {
+		if res, err = buildJobInitrd(cfg, log); err != nil {
+			fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: %v\n", image, err)
+			return "", 125
+		}
 	}
-	initrd, err := buildJobInitrd(im, f, log)
-	if err != nil {
-		fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: %v\n", image, err)
-		return "", 125
-	}
-	return initrd, -1
+	logInitrd(log, im, res, time.Since(t0))
+	return res.Path, -1
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,6 +32,8 @@ func kernelRelease(kernel string) (string, error) {
 		if r := k.Release(); r != "" {
 			return r, nil
 		}
+	} else if r := boot.ReleaseOfVmlinux(b); r != "" {
+		return r, nil
 	}
 	if hk, err := hostKernel(); err == nil && hk == kernel {
 		return strings.TrimPrefix(hk, "/boot/vmlinuz-"), nil
@@ -38,19 +41,18 @@ func kernelRelease(kernel string) (string, error) {
 	return "", fmt.Errorf("--kernel %s: its release (which /lib/modules to take) is unknown: pass a distribution bzImage", kernel)
 }
 
-// buildJobInitrd builds (or finds in the cache) IMAGE's initramfs with the
-// agent (this binary) and the guest's modules, and returns its path.
-func buildJobInitrd(im *rootfs.Image, f *runFlags, log *slog.Logger) (string, error) {
+// jobInitrdConfig is what IMAGE's initramfs is built from: the agent
+// (this binary), the guest kernel's release, the modules of the virtio
+// devices and the power button, and the passed-through devices' modaliases.
+func jobInitrdConfig(im *rootfs.Image, f *runFlags) (initramfs.Config, error) {
 	self, err := os.Executable()
 	if err != nil {
-		return "", fmt.Errorf("finding hpcvmm's own binary for the agent: %w", err)
+		return initramfs.Config{}, fmt.Errorf("finding hpcvmm's own binary for the agent: %w", err)
 	}
 	release, err := kernelRelease(f.cfg.Kernel)
 	if err != nil {
-		return "", err
+		return initramfs.Config{}, err
 	}
-	sysfs := f.cfg.SysfsRoot
-	var aliases []string
 	devs := map[string]bool{}
 	for _, s := range f.cfg.Passthrough.GPUs {
 		devs[s] = false
@@ -58,32 +60,40 @@ func buildJobInitrd(im *rootfs.Image, f *runFlags, log *slog.Logger) (string, er
 	for _, s := range f.cfg.Passthrough.VFs {
 		devs[s] = true
 	}
+	var aliases []string
 	for spec, vf := range devs {
 		sp, err := vfio.ParseSpec(spec, vf)
 		if err != nil {
 			continue // vmm.Config.Validate names it
 		}
-		a, err := kmodules.PCIModalias(sysfs, sp.BDF.String())
+		a, err := kmodules.PCIModalias(f.cfg.SysfsRoot, sp.BDF.String())
 		if err != nil {
-			return "", err
+			return initramfs.Config{}, err
 		}
 		aliases = append(aliases, a)
 	}
-	cfg := initramfs.Config{
+	slices.Sort(aliases) // map order must not change the cache key
+	return initramfs.Config{
 		Image: im, Agent: self, Release: release, Modaliases: aliases,
 		Modules:     append(append([]string(nil), kmodules.DefaultModules...), powerButtonModules...),
 		GuestMemory: int64(f.cfg.Memory),
-	}
-	t0 := time.Now()
+	}, nil
+}
+
+// buildJobInitrd builds IMAGE's initramfs into the cache; without the
+// power button's modules when the kernel has none.
+func buildJobInitrd(cfg initramfs.Config, log *slog.Logger) (*initramfs.Result, error) {
 	res, err := initramfs.Build(cfg)
 	if err != nil && strings.Contains(err.Error(), "neither in") {
 		log.Warn("job: no power-button modules for this kernel; the guest ignores the power button", "err", err)
 		cfg.Modules = nil
 		res, err = initramfs.Build(cfg)
 	}
-	if err != nil {
-		return "", err
-	}
+	return res, err
+}
+
+// logInitrd logs the initramfs a job boots: a cache hit, or what was built.
+func logInitrd(log *slog.Logger, im *rootfs.Image, res *initramfs.Result, took time.Duration) {
 	if res.Replaced != "" {
 		log.Warn("job: initramfs cache entry rebuilt", "why", res.Replaced)
 	}
@@ -91,10 +101,9 @@ func buildJobInitrd(im *rootfs.Image, f *runFlags, log *slog.Logger) (string, er
 		log.Warn("job: passed-through devices without a driver in the guest kernel", "modaliases", res.Unmatched)
 	}
 	if res.Hit {
-		log.Info("job: initramfs cache hit", "image", im.Path(), "key", res.Key[:16], "took", time.Since(t0).Round(time.Millisecond))
-	} else {
-		log.Info("job: initramfs built", "image", im.Path(), "size_mib", res.Size>>20, "unpacked_mib", res.Unpacked>>20,
-			"modules", len(res.Modules), "module_source", res.ModuleSource, "took", time.Since(t0).Round(time.Millisecond))
+		log.Info("job: initramfs cache hit", "image", im.Path(), "key", res.Key[:16], "took", took.Round(time.Millisecond))
+		return
 	}
-	return res.Path, nil
+	log.Info("job: initramfs built", "image", im.Path(), "size_mib", res.Size>>20, "unpacked_mib", res.Unpacked>>20,
+		"modules", len(res.Modules), "module_source", res.ModuleSource, "took", took.Round(time.Millisecond))
 }
