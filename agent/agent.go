@@ -41,8 +41,8 @@ import (
 )
 
 // StopGrace is how long COMMAND has between SIGTERM and SIGKILL after the
-// power button was pressed. The host presses it only after its own
-// --shutdown-timeout has passed since a SIGTERM, so this is short.
+// power button was pressed, unless the spec says (Start.StopGrace: the host
+// gives half its own wait after pressing the button).
 const StopGrace = 5 * time.Second
 
 // drainTimeout bounds the wait for a pty's last output after COMMAND ended.
@@ -68,7 +68,8 @@ type Agent struct {
 	// network) before COMMAND starts; an error fails the job (125).
 	Prepare func(*jobproto.Start) error
 
-	wmu sync.Mutex
+	wmu       sync.Mutex
+	stopGrace time.Duration // the spec's, 0 for StopGrace
 }
 
 // send writes one message to the control port; writes come from several
@@ -140,6 +141,7 @@ func (a *Agent) run(s *jobproto.Start, msgs <-chan jobproto.Message, hostDone <-
 			return &jobproto.Failed{Kind: jobproto.FailAgent, Reason: err.Error()}
 		}
 	}
+	a.stopGrace = s.StopGrace
 	env := Env(s)
 	if f := CheckWorkdir(a.Root, s.Workdir); f != nil {
 		return f
@@ -235,7 +237,11 @@ func (a *Agent) wait(pid int, master *os.File, chld <-chan os.Signal, msgs <-cha
 			}
 		case <-a.PowerButton:
 			_ = unix.Kill(-pid, unix.SIGTERM)
-			kill = time.After(StopGrace)
+			grace := StopGrace
+			if a.stopGrace > 0 {
+				grace = a.stopGrace
+			}
+			kill = time.After(grace)
 		case <-kill:
 			_ = unix.Kill(-pid, unix.SIGKILL)
 		case <-hostDone:

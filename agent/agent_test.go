@@ -383,3 +383,18 @@ func TestServeTTYResize(t *testing.T) {
 	require.Equal(t, &jobproto.Exited{}, m)
 	require.Equal(t, "33 77\r\ngo\r\n40 100\r\n", out)
 }
+
+func TestServePowerButtonGrace(t *testing.T) {
+	press := make(chan struct{}, 1)
+	s := sh(`trap '' TERM; while :; do sleep 0.05; done`)
+	s.StopGrace = 200 * time.Millisecond
+	h := startAgent(t, s, press)
+	require.IsType(t, &jobproto.Started{}, h.read())
+	h.started = true
+	time.Sleep(100 * time.Millisecond)
+	t0 := time.Now()
+	press <- struct{}{}
+	m, _, _ := h.finish()
+	require.Equal(t, &jobproto.Exited{Signal: uint8(syscall.SIGKILL)}, m, "SIGTERM ignored, SIGKILL after the spec's grace")
+	require.Less(t, time.Since(t0), 3*time.Second)
+}

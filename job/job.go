@@ -107,6 +107,11 @@ func New(spec Spec, streams Streams, opts Options) (*Job, error) {
 	if opts.ShutdownTimeout <= 0 {
 		opts.ShutdownTimeout = DefaultShutdownTimeout
 	}
+	if spec.StopGrace == 0 {
+		// After the power button the host waits ShutdownTimeout for the
+		// guest to go down: the agent's SIGKILL comes well before.
+		spec.StopGrace = min(opts.ShutdownTimeout/2, jobproto.MaxStopGrace).Truncate(time.Millisecond)
+	}
 	j := &Job{spec: spec, opts: opts, log: opts.Log, events: make(chan event, 64)}
 	if j.log == nil {
 		j.log = slog.New(slog.DiscardHandler)

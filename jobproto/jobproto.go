@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"time"
 )
 
 // Names of the virtio-console ports of a job (VIRTIO_CONSOLE_PORT_NAME; the
@@ -124,7 +125,15 @@ type Start struct {
 	// a hugetlbfs (at /dev/hugepages for the first, /dev/hugepages-SIZE
 	// for each).
 	HugePageSizes []uint64
+	// StopGrace is how long COMMAND has between the agent's SIGTERM and
+	// SIGKILL after the power button (whole milliseconds, at most
+	// MaxStopGrace); 0 means the agent's default. The host makes it
+	// shorter than its own wait after pressing the button.
+	StopGrace time.Duration
 }
+
+// MaxStopGrace bounds Start.StopGrace.
+const MaxStopGrace = 24 * time.Hour
 
 // Interface is one guest network interface, found by its MAC address.
 type Interface struct {
@@ -369,7 +378,7 @@ func (m *Start) appendBody(b []byte) []byte {
 	for _, s := range m.HugePageSizes {
 		b = binary.AppendUvarint(b, s)
 	}
-	return b
+	return binary.AppendUvarint(b, uint64(m.StopGrace/time.Millisecond))
 }
 
 func (m *Start) decodeBody(d *decoder) {
@@ -417,6 +426,7 @@ func (m *Start) decodeBody(d *decoder) {
 	for i := range m.HugePageSizes {
 		m.HugePageSizes[i] = d.uint("hugepage size", 1<<63)
 	}
+	m.StopGrace = time.Duration(d.uint("stop grace", uint64(MaxStopGrace/time.Millisecond))) * time.Millisecond
 }
 
 func ipLen(n int) bool { return n == net.IPv4len || n == net.IPv6len }

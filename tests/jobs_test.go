@@ -406,7 +406,8 @@ func TestJobsNet(t *testing.T) {
 		})
 
 		t.Run("dhcp", func(t *testing.T) {
-			if _, err := os.Stat("/etc/passwd"); err != nil {
+			if _, err := os.Stat("/etc/passwd"); err != nil { // dnsmasq -u root looks root up
+				require.NoError(t, os.MkdirAll("/etc", 0o755))
 				require.NoError(t, os.WriteFile("/etc/passwd", []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644))
 			}
 			dir := t.TempDir()
