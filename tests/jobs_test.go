@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/creack/pty"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
@@ -439,5 +440,35 @@ func TestJobsNet(t *testing.T) {
 			leases, _ := os.ReadFile(filepath.Join(dir, "leases"))
 			assert.Contains(t, string(leases), "10.78.0.5")
 		})
+	})
+}
+
+// TestJobsTTY: hpcvmm's stdin a terminal (a pty here, 40x120): COMMAND gets
+// a pty in the guest of that size, stdout and stderr both on it, and
+// hpcvmm restores the terminal and exits with COMMAND's status.
+func TestJobsTTY(t *testing.T) {
+	harness.Run(t, harness.ProfileJobs, func(t *testing.T, env *harness.Env) {
+		root := busyboxRootfs(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, env.HPCVMM(t), jobArgs(t, env, "--quiet", "--rootfs", root, "--",
+			"sh", "-c", "tty; stty size; echo err >&2; exit 3")...)
+		f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 40, Cols: 120})
+		require.NoError(t, err)
+		defer f.Close()
+		var out syncBuffer
+		copied := make(chan struct{})
+		go func() { _, _ = io.Copy(&out, f); close(copied) }()
+		err = cmd.Wait()
+		if _, ok := err.(*exec.ExitError); err != nil && !ok {
+			t.Fatalf("hpcvmm: %v", err)
+		}
+		select {
+		case <-copied:
+		case <-time.After(5 * time.Second):
+		}
+		require.NoError(t, ctx.Err(), "hpcvmm did not end; output:\n%s", out.String())
+		assert.Equal(t, 3, cmd.ProcessState.ExitCode(), "output:\n%s", out.String())
+		assert.Regexp(t, `(?s)/dev/pts/\d+\r\n40 120\r\nerr\r\n`, out.String())
 	})
 }
