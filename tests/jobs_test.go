@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -31,6 +32,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/hpcvmm/hpcvmm/tests/harness"
 )
@@ -448,6 +450,15 @@ func TestJobsNet(t *testing.T) {
 // hpcvmm restores the terminal and exits with COMMAND's status.
 func TestJobsTTY(t *testing.T) {
 	harness.Run(t, harness.ProfileJobs, func(t *testing.T, env *harness.Env) {
+		if _, err := os.Stat("/dev/ptmx"); err != nil {
+			// L1's /init mounts no devpts: the terminal needs one.
+			require.NoError(t, os.MkdirAll("/dev/pts", 0o755))
+			err := unix.Mount("devpts", "/dev/pts", "devpts", 0, "newinstance,ptmxmode=0666")
+			if !errors.Is(err, unix.EBUSY) {
+				require.NoError(t, err)
+			}
+			require.NoError(t, os.Symlink("pts/ptmx", "/dev/ptmx"))
+		}
 		root := busyboxRootfs(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
