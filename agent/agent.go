@@ -38,6 +38,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hpcvmm/hpcvmm/jobproto"
+	"github.com/hpcvmm/hpcvmm/pmi"
 )
 
 // StopGrace is how long COMMAND has between SIGTERM and SIGKILL after the
@@ -67,6 +68,10 @@ type Agent struct {
 	// Prepare applies the spec's system settings (hostname, hugetlbfs,
 	// network) before COMMAND starts; an error fails the job (125).
 	Prepare func(*jobproto.Start) error
+	// OpenPMI opens the two PMI ports (pmi.PortIn, pmi.PortOut) for a
+	// spec with PMI; nil when the agent has none (a spec asking for PMI
+	// then fails, 125).
+	OpenPMI func() (in io.Reader, out io.WriteCloser, err error)
 
 	wmu       sync.Mutex
 	stopGrace time.Duration // the spec's, 0 for StopGrace
@@ -151,6 +156,15 @@ func (a *Agent) run(s *jobproto.Start, msgs <-chan jobproto.Message, hostDone <-
 		return f
 	}
 	cmd := Command(s, path, env)
+	var relay *pmi.Guest
+	if s.PMI {
+		g, f := a.attachPMI(cmd)
+		if f != nil {
+			return f
+		}
+		relay = g
+		defer g.Child.Close()
+	}
 
 	var master *os.File
 	if s.TTY {
@@ -178,6 +192,9 @@ func (a *Agent) run(s *jobproto.Start, msgs <-chan jobproto.Message, hostDone <-
 		return StartFailure(a.Root, path, err)
 	}
 	pid := cmd.Process.Pid
+	if relay != nil {
+		a.startPMI(relay)
+	}
 	var drained chan struct{}
 	if master != nil {
 		cmd.Stdin.(*os.File).Close() // the child has the pty now

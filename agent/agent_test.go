@@ -32,6 +32,13 @@ type fakeHost struct {
 
 func startAgent(t *testing.T, start *jobproto.Start, power <-chan struct{}) *fakeHost {
 	t.Helper()
+	return startAgentWith(t, start, power, nil)
+}
+
+// startAgentWith is startAgent with setup applied to the Agent before it
+// serves (nil: none).
+func startAgentWith(t *testing.T, start *jobproto.Start, power <-chan struct{}, setup func(*Agent)) *fakeHost {
+	t.Helper()
 	h2aR, h2aW := io.Pipe()
 	a2hR, a2hW := io.Pipe()
 	inR, inW, err := os.Pipe()
@@ -53,6 +60,9 @@ func startAgent(t *testing.T, start *jobproto.Start, power <-chan struct{}) *fak
 		io.Reader
 		io.Writer
 	}{h2aR, a2hW}, Stdin: inR, Stdout: outW, Stderr: errW, Waiter: SysWaiter{}, PowerButton: power}
+	if setup != nil {
+		setup(a)
+	}
 	go func() { h.served <- a.Serve(); a2hW.Close() }()
 	t.Cleanup(func() { h.ctlW.Close(); inW.Close() })
 	require.IsType(t, &jobproto.Ready{}, h.read())
@@ -397,4 +407,44 @@ func TestServePowerButtonGrace(t *testing.T) {
 	m, _, _ := h.finish()
 	require.Equal(t, &jobproto.Exited{Signal: uint8(syscall.SIGKILL)}, m, "SIGTERM ignored, SIGKILL after the spec's grace")
 	require.Less(t, time.Since(t0), 3*time.Second)
+}
+
+// TestServePMI: a spec with PMI gives COMMAND a socket in PMI_FD whose
+// bytes reach the PMI ports both ways, each end of file passed on, with the
+// host's PMI_* variables in its environment.
+func TestServePMI(t *testing.T) {
+	inR, inW, err := os.Pipe() // pmi.PortIn: host to guest
+	require.NoError(t, err)
+	outR, outW, err := os.Pipe() // pmi.PortOut: guest to host
+	require.NoError(t, err)
+	s := sh(`read line <&"$PMI_FD"; echo "got $line fd=$PMI_FD" >&"$PMI_FD"; cat <&"$PMI_FD"; echo "rank $PMI_RANK"`)
+	s.PMI = true
+	s.Env = append(s.Env, "PMI_RANK=1")
+	h := startAgentWith(t, s, nil, func(a *Agent) {
+		a.OpenPMI = func() (io.Reader, io.WriteCloser, error) { return inR, outW, nil }
+	})
+	_, err = inW.Write([]byte("cmd=init\ncmd=barrier_out\n"))
+	require.NoError(t, err)
+	require.NoError(t, inW.Close()) // srun's end of stream: COMMAND's cat ends
+	fromGuest, err := io.ReadAll(outR) // end of file once COMMAND's socket is gone
+	require.NoError(t, err)
+	h.stdinW.Close()
+	m, out, _ := h.finish()
+	require.Equal(t, &jobproto.Exited{}, m)
+	require.Equal(t, "got cmd=init fd=3\n", string(fromGuest))
+	require.Equal(t, "cmd=barrier_out\nrank 1\n", out)
+}
+
+// TestServePMIWithoutPorts: an agent without PMI ports refuses a spec that
+// asks for PMI (125), instead of running COMMAND without its PMI_FD.
+func TestServePMIWithoutPorts(t *testing.T) {
+	s := sh("true")
+	s.PMI = true
+	h := startAgent(t, s, nil)
+	h.stdinW.Close()
+	m, _, _ := h.finish()
+	f, ok := m.(*jobproto.Failed)
+	require.True(t, ok, "%#v", m)
+	require.Equal(t, jobproto.FailAgent, f.Kind)
+	require.Contains(t, f.Reason, "PMI")
 }

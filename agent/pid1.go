@@ -73,6 +73,7 @@ func pid1() error {
 	a := &Agent{
 		Root: "/", Control: control, Stdin: stdin, Stdout: stdout, Stderr: stderr,
 		Waiter: SysWaiter{}, PID1: true, PowerButton: press, Prepare: prepare,
+		OpenPMI: openPMIPorts,
 	}
 	for _, w := range warnings {
 		a.Logf("%s", w)

@@ -130,6 +130,10 @@ type Start struct {
 	// MaxStopGrace); 0 means the agent's default. The host makes it
 	// shorter than its own wait after pressing the button.
 	StopGrace time.Duration
+	// PMI says the host relays a Slurm PMI socket on the ports pmi.PortIn
+	// and pmi.PortOut: the agent gives COMMAND a socket of its own in
+	// PMI_FD, relayed to them (package pmi).
+	PMI bool
 }
 
 // MaxStopGrace bounds Start.StopGrace.
@@ -378,7 +382,8 @@ func (m *Start) appendBody(b []byte) []byte {
 	for _, s := range m.HugePageSizes {
 		b = binary.AppendUvarint(b, s)
 	}
-	return binary.AppendUvarint(b, uint64(m.StopGrace/time.Millisecond))
+	b = binary.AppendUvarint(b, uint64(m.StopGrace/time.Millisecond))
+	return appendBool(b, m.PMI)
 }
 
 func (m *Start) decodeBody(d *decoder) {
@@ -427,6 +432,7 @@ func (m *Start) decodeBody(d *decoder) {
 		m.HugePageSizes[i] = d.uint("hugepage size", 1<<63)
 	}
 	m.StopGrace = time.Duration(d.uint("stop grace", uint64(MaxStopGrace/time.Millisecond))) * time.Millisecond
+	m.PMI = d.bool("pmi")
 }
 
 func ipLen(n int) bool { return n == net.IPv4len || n == net.IPv6len }

@@ -32,6 +32,7 @@ func samples() []Message {
 			DNS:           []net.IP{net.ParseIP("1.1.1.1").To4(), net.ParseIP("::1")},
 			HugePageSizes: []uint64{2 << 20, 1 << 30},
 			StopGrace:     1500 * time.Millisecond,
+			PMI:           true,
 		},
 		&Start{Argv: []string{"true"}},
 		&Signal{Signo: uint8(syscall.SIGTERM)},

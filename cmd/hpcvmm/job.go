@@ -23,7 +23,9 @@ import (
 	"github.com/hpcvmm/hpcvmm/initramfs"
 	"github.com/hpcvmm/hpcvmm/job"
 	"github.com/hpcvmm/hpcvmm/jobproto"
+	"github.com/hpcvmm/hpcvmm/pmi"
 	"github.com/hpcvmm/hpcvmm/rootfs"
+	"github.com/hpcvmm/hpcvmm/virtio/console"
 	"github.com/hpcvmm/hpcvmm/vmm"
 )
 
@@ -190,7 +192,16 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 	if err != nil {
 		return fail(2, "%v", err)
 	}
-	spec := job.Spec{Argv: argv, Env: env, Workdir: jf.workdir, Hostname: jf.hostname}
+	// Under srun, COMMAND learns its place in the job as a native task
+	// does: every SLURM_* and PMI_* variable first, so --env-file and
+	// --env override them; with srun --mpi=pmi2, PMI_FD's socket is
+	// relayed into the guest (package pmi).
+	step, err := pmi.FromEnv(os.Environ())
+	if err != nil {
+		return fail(2, "%v", err)
+	}
+	env = append(pmi.JobEnv(os.Environ()), env...)
+	spec := job.Spec{Argv: argv, Env: env, Workdir: jf.workdir, Hostname: jf.hostname, PMI: step != nil}
 	if jf.user != "" {
 		if spec.UID, spec.GID, err = parseUser(jf.user); err != nil {
 			return fail(2, "%v", err)
@@ -249,6 +260,13 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 	cfg.Logger = log
 	cfg.StartTime = processStart
 	cfg.ConsolePorts = j.Ports()
+	if step != nil {
+		defer step.Conn.Close()
+		cfg.ConsolePorts = append(cfg.ConsolePorts,
+			console.Port{Name: pmi.PortIn, FromHost: step.Conn},
+			console.Port{Name: pmi.PortOut, ToHost: pmi.SocketWriter{File: step.Conn}})
+		log.Info("PMI: relaying srun's PMI socket into the guest", "pmi_fd", os.Getenv(pmi.FDVar), "ports", pmi.PortIn+","+pmi.PortOut)
+	}
 
 	vm, err := vmm.New(cfg)
 	if err != nil {

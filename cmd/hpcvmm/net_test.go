@@ -69,6 +69,10 @@ func TestNetFlagGuest(t *testing.T) {
 		{"tap=t0,ip=10.0.0.254/23+rank", vmm.NetConfig{TAP: "t0"}, guestnet.Interface{MAC: virtionet.DeriveMAC("t0"), Address: cidr("10.0.1.3/23")}},
 		{"tap=t0,ip=fd00::10/64+node", vmm.NetConfig{TAP: "t0"}, guestnet.Interface{MAC: virtionet.DeriveMAC("t0"), Address: cidr("fd00::11/64")}},
 		{"tap=t0", vmm.NetConfig{TAP: "t0"}, guestnet.Interface{MAC: virtionet.DeriveMAC("t0")}},
+		// The tasks of one job on one node: a TAP and a MAC each.
+		{"tap=mpi+rank,bridge=br0,ip=10.0.0.10/24+rank", vmm.NetConfig{TAP: "mpi5", Bridge: "br0"},
+			guestnet.Interface{MAC: virtionet.DeriveMAC("mpi5"), Address: cidr("10.0.0.15/24")}},
+		{"tap=n+node", vmm.NetConfig{TAP: "n1"}, guestnet.Interface{MAC: virtionet.DeriveMAC("n1")}},
 	} {
 		h, g, err := parseNet(tc.arg, getenv)
 		require.NoError(t, err, tc.arg)
@@ -90,6 +94,8 @@ func TestNetFlagGuest(t *testing.T) {
 		"tap=a,ip=10.0.0.2/24+cpu":            "use +rank (SLURM_PROCID) or +node (SLURM_NODEID)",
 		"tap=a,ip=255.255.255.254/24+rank":    "overflows the address",
 		"tap=a,ip=10.0.0.2/24,ip=10.0.0.3/24": "ip given twice",
+		"tap=a+cpu":                           "want NAME, NAME+rank (NAME then SLURM_PROCID) or NAME+node",
+		"tap=+rank":                           "want NAME, NAME+rank",
 	} {
 		_, _, err := parseNet(arg, getenv)
 		assert.ErrorContains(t, err, msg, arg)
@@ -98,6 +104,8 @@ func TestNetFlagGuest(t *testing.T) {
 	// Outside Slurm: the variable is named.
 	_, _, err := parseNet("tap=a,ip=10.0.0.2/24+rank", func(string) string { return "" })
 	assert.ErrorContains(t, err, "SLURM_PROCID is not set: +rank needs Slurm (srun) or SLURM_PROCID in the environment")
+	_, _, err = parseNet("tap=a+rank", func(string) string { return "" })
+	assert.ErrorContains(t, err, "tap=a+rank: SLURM_PROCID is not set")
 	_, _, err = parseNet("tap=a,ip=10.0.0.2/24+node", func(string) string { return "x" })
 	assert.ErrorContains(t, err, `SLURM_NODEID="x" is not a number`)
 }

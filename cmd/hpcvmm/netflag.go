@@ -20,7 +20,7 @@ import (
 )
 
 // parseNet parses one --net value:
-// tap=NAME[,mac=MAC][,queues=N][,vhost=on|off][,bridge=BRIDGE][,ip=ADDRESS/PREFIX[+rank|+node]|dhcp][,gw=GATEWAY].
+// tap=NAME[+rank|+node][,mac=MAC][,queues=N][,vhost=on|off][,bridge=BRIDGE][,ip=ADDRESS/PREFIX[+rank|+node]|dhcp][,gw=GATEWAY].
 // The host half's values are checked by vmm.Config.Validate; the guest
 // half is checked here. getenv reads SLURM_PROCID/SLURM_NODEID for +rank
 // and +node.
@@ -40,7 +40,11 @@ func parseNet(s string, getenv func(string) string) (vmm.NetConfig, guestnet.Int
 		seen[k] = true
 		switch k {
 		case "tap":
-			n.TAP = v
+			name, err := tapName(v, getenv)
+			if err != nil {
+				return n, g, err
+			}
+			n.TAP = name
 		case "mac":
 			n.MAC = v
 		case "queues":
@@ -105,8 +109,8 @@ func parseNet(s string, getenv func(string) string) (vmm.NetConfig, guestnet.Int
 	return n, g, nil
 }
 
-// rankVars are the +SUFFIX forms of ip=: the Slurm variable added to the
-// address.
+// rankVars are the +SUFFIX forms of ip= and tap=: the Slurm variable added
+// to the address or appended to the name.
 var rankVars = map[string]string{"rank": "SLURM_PROCID", "node": "SLURM_NODEID"}
 
 // parseGuestIP parses ip=ADDRESS/PREFIX[+rank|+node]: with a suffix, the
@@ -196,4 +200,27 @@ func hostNameservers(path string) []string {
 		}
 	}
 	return out
+}
+
+// tapName parses tap=NAME[+rank|+node]: with a suffix, the name is NAME
+// followed by the Slurm variable's value, so the tasks of one job that
+// share a node (and its network namespace) get TAPs of their own from one
+// command line, as ip=…+rank gives them addresses.
+func tapName(v string, getenv func(string) string) (string, error) {
+	base, suffix, hasSuffix := strings.Cut(v, "+")
+	if !hasSuffix {
+		return v, nil
+	}
+	name, ok := rankVars[suffix]
+	if !ok || base == "" {
+		return "", fmt.Errorf("tap=%s: want NAME, NAME+rank (NAME then SLURM_PROCID) or NAME+node (NAME then SLURM_NODEID)", v)
+	}
+	val := getenv(name)
+	if _, err := strconv.ParseUint(val, 10, 32); err != nil {
+		if val == "" {
+			return "", fmt.Errorf("tap=%s: %s is not set: +%s needs Slurm (srun) or %s in the environment", v, name, suffix, name)
+		}
+		return "", fmt.Errorf("tap=%s: %s=%q is not a number", v, name, val)
+	}
+	return base + val, nil
 }
