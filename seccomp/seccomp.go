@@ -84,6 +84,9 @@ var lists = map[Kind][]string{
 		// can only narrow what is allowed, so allowing seccomp(2) gives
 		// nothing away.
 		"seccomp",
+		// A job's PMI relay (package pmi) passes the guest's end of
+		// stream on to srun's socket: shutdown(SHUT_WR).
+		"shutdown",
 	},
 	VCPU: {
 		// KVM_RUN and the exits' device work: ioctls (KVM, VFIO config

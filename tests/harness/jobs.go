@@ -44,6 +44,24 @@ var ProfileJobs = func() Profile {
 }()
 
 func addJobFiles(im *Image) error {
+	if err := addJobModules(im); err != nil {
+		return err
+	}
+	cache, err := CacheDir()
+	if err != nil {
+		return err
+	}
+	deb, err := debianRootfs(cache)
+	if err != nil {
+		return err
+	}
+	return addTree(im, deb, JobsDebianRoot)
+}
+
+// addJobModules puts the job guest's modules and the kernel's module
+// indexes in L1's /lib/modules, where hpcvmm run --rootfs finds the host's
+// modules.
+func addJobModules(im *Image) error {
 	k, err := FindKernel()
 	if err != nil {
 		return err
@@ -62,15 +80,7 @@ func addJobFiles(im *Image) error {
 		}
 		im.AddFile(p, p, 0o644)
 	}
-	cache, err := CacheDir()
-	if err != nil {
-		return err
-	}
-	deb, err := debianRootfs(cache)
-	if err != nil {
-		return err
-	}
-	return addTree(im, deb, JobsDebianRoot)
+	return nil
 }
 
 // JobsDebianRoot is where the jobs profile's L1 holds a root file system of

@@ -35,13 +35,23 @@ const l1SlurmCluster = "/hpcvmm/slurm/cluster.sh"
 // denies. The bridge module (SlurmBridge) comes with it.
 //
 // Slurm's programs, their plugins and shared libraries are packed only
-// into this profile's initramfs (Files), about 11 MiB.
+// into this profile's initramfs (Files), about 11 MiB, with the job guest's
+// modules and the MPI scenarios' rootfs (MPIRoot, about 47 MiB).
 var ProfileSlurm = func() Profile {
 	p := ProfilePassthrough
 	p.Name = "slurm"
 	p.Setup = passthroughSetup + "\n" + slurmSetup
 	p.Modules = []string{"bridge"}
-	p.Files = addSlurm
+	p.Files = func(im *Image) error {
+		if err := addSlurm(im); err != nil {
+			return err
+		}
+		// The MPI scenarios run jobs (hpcvmm run --rootfs) on both nodes.
+		if err := addJobModules(im); err != nil {
+			return err
+		}
+		return addMPIFiles(im)
+	}
 	p.HostReady = func() error {
 		return errors.New("the slurm profile's cluster and stand-in devices exist only in its L1 (its setup starts them)")
 	}
