@@ -124,3 +124,23 @@ func disassemble(t *testing.T, raw []bpf.RawInstruction) []bpf.Instruction {
 	require.True(t, ok, "the program has an instruction x/net/bpf cannot decode")
 	return insts
 }
+
+// TestRulesDescribeTheProgram: Rules (the words) names exactly the
+// syscalls argRules (the program) conditions, and a violation's message
+// says which form of such a syscall passes.
+func TestRulesDescribeTheProgram(t *testing.T) {
+	rules, err := argRules(1)
+	require.NoError(t, err)
+	var inProgram, described []string
+	for _, r := range rules {
+		inProgram = append(inProgram, r.name)
+	}
+	for _, r := range Rules() {
+		described = append(described, r.Name)
+	}
+	require.ElementsMatch(t, inProgram, described)
+	v := Violation{PID: 7, Comm: "vcpu0", Syscall: 257, Name: "openat"}
+	require.Contains(t, v.String(), "the process filter allows openat without O_WRONLY")
+	v = Violation{PID: 7, Comm: "vcpu0", Syscall: 63, Name: "uname", Killed: true}
+	require.NotContains(t, v.String(), "allows")
+}

@@ -171,7 +171,7 @@ func Rules() []Rule {
 		{"kill", "only of this process (pid == getpid())"},
 		{"tgkill", "only of this process's threads (tgid == getpid())"},
 		{"prctl", "only PR_SET_NAME"},
-		{"ioctl", "only the requests " + strings.Join(ioctlRequests, ", ")},
+		{"ioctl", "only with the requests " + strings.Join(ioctlRequests, ", ")},
 	}
 }
 
