@@ -120,7 +120,7 @@ func runUnbind(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, "restored:", c)
 	}
 	for _, s := range rep.Skipped {
-		fmt.Fprintln(stdout, "left alone (its hpcvmm is still running):", s)
+		fmt.Fprintln(stdout, "left alone:", s)
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "hpcvmm unbind:", err)
@@ -138,7 +138,8 @@ func runUnbind(args []string, stdout, stderr io.Writer) int {
 func parseJournalArgs(args []string, stdout, stderr io.Writer) (stateDir string, bdfs []host.BDF, rc int) {
 	c := newCommand("hpcvmm unbind",
 		"Give devices rebound by hpcvmm back to their drivers, and InfiniBand VFs their previous GUIDs and link state: after `hpcvmm bind`, or after an hpcvmm that was killed before it could. "+
-			"Without BDFs, every change of every journal whose hpcvmm no longer runs.",
+			"Without BDFs, every change of every journal whose hpcvmm no longer runs. "+
+			"With SLURM_JOB_ID set (a Slurm Epilog), only that job's journals; without it, never a journal of a Slurm job that squeue says still runs.",
 		"hpcvmm unbind [--state-dir DIR] [BDF...]")
 	c.footer = "Exit status: 0 done, 1 a device could not be rebound, 2 invalid input."
 	dir := c.group("Flags").String("state-dir", hoststate.DefaultStateDir, "`DIR`: where hpcvmm journals the host changes it makes")
