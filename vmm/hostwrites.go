@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"sync"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/hpcvmm/hpcvmm/hoststate"
 )
 
@@ -33,7 +35,7 @@ func (w *sysfsWrites) write(path string, data []byte) error {
 		_, err := f.WriteAt(data, 0)
 		return err
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	f, err := os.OpenFile(path, os.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
@@ -45,7 +47,7 @@ func (w *sysfsWrites) write(path string, data []byte) error {
 }
 
 // restorePaths are the sysfs attributes the journal's restore of c may
-// write (hoststate's undo): the current driver's unbind, the device's
+// write (hoststate's undoChange, which validates c before any write): the current driver's unbind, the device's
 // driver_override, drivers_probe, and the original driver's bind.
 func restorePaths(sysRoot string, c hoststate.Change) []string {
 	if c.Kind != hoststate.KindPCIBind || c.BDF == "" || filepath.Base(c.BDF) != c.BDF {
@@ -81,7 +83,9 @@ func (w *sysfsWrites) prepare(sysRoot string, changes []hoststate.Change) error 
 			if w.files[p] != nil {
 				continue
 			}
-			f, err := os.OpenFile(p, os.O_WRONLY, 0)
+			// O_NOFOLLOW as hoststate's own writes: a symbolic
+			// link in an attribute's place is refused.
+			f, err := os.OpenFile(p, os.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 			if errors.Is(err, fs.ErrNotExist) {
 				continue
 			}

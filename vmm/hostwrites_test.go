@@ -65,3 +65,23 @@ func TestSysfsWritesUseFilesOpenedBeforeTheFilter(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "1", string(b))
 }
+
+// TestSysfsWritesRefuseSymlinks: like hoststate's own writes, neither the
+// files opened before the filter nor a later open follow a symbolic link
+// in an attribute's place.
+func TestSysfsWritesRefuseSymlinks(t *testing.T) {
+	root := t.TempDir()
+	pci := filepath.Join(root, "bus/pci")
+	const bdf = "0000:00:04.0"
+	victim := filepath.Join(root, "victim")
+	require.NoError(t, os.WriteFile(victim, nil, 0o644))
+	require.NoError(t, os.MkdirAll(filepath.Join(pci, "devices", bdf), 0o755))
+	require.NoError(t, os.Symlink(victim, filepath.Join(pci, "devices", bdf, "driver_override")))
+	var w sysfsWrites
+	defer w.close()
+	assert.Error(t, w.prepare(root, []hoststate.Change{{Kind: hoststate.KindPCIBind, BDF: bdf}}))
+	assert.Error(t, w.write(filepath.Join(pci, "devices", bdf, "driver_override"), []byte("x")))
+	b, err := os.ReadFile(victim)
+	require.NoError(t, err)
+	assert.Empty(t, b)
+}
