@@ -88,7 +88,8 @@ func TestProgramMatchesRules(t *testing.T) {
 			case 0:
 				return interesting[r.IntN(len(interesting))]
 			case 1:
-				return interesting[r.IntN(len(interesting))] | interesting[r.IntN(len(interesting))]
+				x, y := r.IntN(len(interesting)), r.IntN(len(interesting))
+				return interesting[x] | interesting[y]
 			}
 			return r.Uint64()
 		}
