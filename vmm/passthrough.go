@@ -90,6 +90,10 @@ type passthrough struct {
 	bound   []bool
 	ib      []*ibvf.Target // the VF's PF and netdev where specs[i].IB is set
 	journal *hoststate.Journal
+	// writes makes the journal's sysfs writes through files opened
+	// before the seccomp filter (hostwrites.go); sysRoot is its sysfs.
+	writes  sysfsWrites
+	sysRoot string
 	ctr     *iommu.Container
 	kv      *vfio.KVMVFIO
 	pcidevs []*vfio.PCIDevice
@@ -158,7 +162,7 @@ func (vm *VM) bindDevices(sysRoot, procRoot string) error {
 			continue
 		}
 		if pt.journal == nil {
-			pt.journal = hoststate.Open(hoststate.Options{StateDir: vm.cfg.Passthrough.StateDir, SysfsRoot: sysRoot, ProcRoot: procRoot})
+			pt.openJournal(vm.cfg.Passthrough.StateDir, sysRoot, procRoot)
 		}
 		if err := pt.journal.Bind(dev.BDF); err != nil {
 			return fmt.Errorf("--bind %s: %w", dev.BDF, err)
@@ -189,7 +193,7 @@ func (vm *VM) setVFIdentities(sysRoot, procRoot string) error {
 			continue
 		}
 		if pt.journal == nil {
-			pt.journal = hoststate.Open(hoststate.Options{StateDir: vm.cfg.Passthrough.StateDir, SysfsRoot: sysRoot, ProcRoot: procRoot})
+			pt.openJournal(vm.cfg.Passthrough.StateDir, sysRoot, procRoot)
 		}
 		sp := pt.specs[i]
 		if err := pt.journal.SetVFIdentity(*t, sp.IB); err != nil {
@@ -478,6 +482,22 @@ func (vm *VM) closePassthrough() error {
 	return errors.Join(errs...)
 }
 
+// openJournal starts this VM's host-state journal, its sysfs writes going
+// through pt.writes.
+func (pt *passthrough) openJournal(stateDir, sysRoot, procRoot string) {
+	pt.sysRoot = sysRoot
+	pt.journal = hoststate.Open(hoststate.Options{StateDir: stateDir, SysfsRoot: sysRoot, ProcRoot: procRoot, WriteFile: pt.writes.write})
+}
+
+// prepareRestore opens, before the seccomp filter goes on, the sysfs
+// attributes restoreHost will write: the filter refuses opens for writing.
+func (vm *VM) prepareRestore() error {
+	if vm.pt == nil || vm.pt.journal == nil {
+		return nil
+	}
+	return vm.pt.writes.prepare(vm.pt.sysRoot, vm.pt.journal.Changes())
+}
+
 // restoreHost gives rebound devices back to their drivers. It runs after
 // the VM and its fds are gone: vfio-pci will not release a device that is
 // still open.
@@ -485,6 +505,7 @@ func (vm *VM) restoreHost() error {
 	if vm.pt == nil || vm.pt.journal == nil {
 		return nil
 	}
+	defer vm.pt.writes.close()
 	return vm.pt.journal.Restore()
 }
 
