@@ -329,7 +329,12 @@ func (e *Env) L2Initrd(t testing.TB) string {
 func hostKernel(t testing.TB) Kernel {
 	t.Helper()
 	a := &hostArtifacts
-	a.kernelOnce.Do(func() { a.kernel, a.kernelErr = FindKernel() })
+	a.kernelOnce.Do(func() {
+		a.kernel, a.kernelErr = FindKernel()
+		if a.kernelErr == nil {
+			t.Logf("guest kernel: %s (%s)", a.kernel.Image, a.kernel.Reason)
+		}
+	})
 	if a.kernelErr != nil {
 		t.Fatalf("%v", a.kernelErr)
 	}
@@ -360,7 +365,7 @@ func rootAndCache() (root, cache string, err error) {
 func qemuPath() (string, error) {
 	p, err := exec.LookPath("qemu-system-x86_64")
 	if err != nil {
-		return "", fmt.Errorf("qemu-system-x86_64 not found (%v); run tests/setup.sh (installs qemu-system-x86)", err)
+		return "", fmt.Errorf("qemu-system-x86_64 not found (%v); run tests/testbed-packages.sh (installs qemu-system-x86)", err)
 	}
 	return p, nil
 }

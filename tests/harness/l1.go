@@ -141,6 +141,7 @@ func bootL1(t *testing.T, p Profile, skip string) *l1Run {
 		if err != nil {
 			return err
 		}
+		t.Logf("L1 and L2 kernel: %s (%s)", k.Image, k.Reason)
 		step := time.Now()
 		in := l1Inputs{kernel: k}
 		if in.testBinary, err = BuildTestBinary(root, cache); err != nil {
