@@ -10,8 +10,8 @@ import (
 
 	"github.com/hpcvmm/hpcvmm/addrspace"
 	"github.com/hpcvmm/hpcvmm/guestmem"
-	"github.com/hpcvmm/hpcvmm/pcitopo"
 	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/pcitopo"
 )
 
 // barSpace checks that every requested device's BARs fit the guest's MMIO
