@@ -1,6 +1,10 @@
 package acpi
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/hpcvmm/hpcvmm/addrspace"
+)
 
 // Table is one built table and the guest-physical address it is laid out
 // at.
@@ -44,8 +48,6 @@ func (t *Tables) Find(sig string) (Table, bool) {
 // tableAlign aligns every table in the blob; 16 keeps an in-blob RSDP on
 // the boundary the BIOS-area scan uses (§5.2.5.1).
 const tableAlign = 16
-
-func alignUp(v uint64) uint64 { return (v + tableAlign - 1) &^ (tableAlign - 1) }
 
 // Build lays out the ACPI tables of p contiguously from guest-physical
 // base. It reports an error for an inconsistent Platform: no CPUs,
@@ -98,7 +100,7 @@ func Build(p Platform, base uint64) (Tables, error) {
 	next := base
 	place := func(size int) uint64 {
 		at := next
-		next = alignUp(next + uint64(size))
+		next = addrspace.AlignUp(next+uint64(size), tableAlign)
 		return at
 	}
 	rsdpAddr := p.RSDPAddr

@@ -208,7 +208,7 @@ func PlanHierarchy(w Windows, bridges []*Bridge, bars []BAR) (Layout, error) {
 			if end > ^uint64(0)-g {
 				return fmt.Errorf("addrspace: bridge %s: windows exceed the address space", b.Name)
 			}
-			sb.size[c] = alignUp(end, g)
+			sb.size[c] = AlignUp(end, g)
 			sb.align[c] = align
 		}
 		sized[b] = sb

@@ -122,7 +122,7 @@ func (c *checker) barSpaceFlat() {
 		switch {
 		case errors.As(err, &pe):
 			c.add("bar-space-32bit", "vm", Fail, "pass fewer devices with 32-bit BARs",
-				"%d 32-bit BARs need %s of the 32-bit MMIO window, which has %s", len(b32), humanSize(pe.Need), humanSize(w.Mem32.Size))
+				"%d 32-bit BARs need %s of the 32-bit MMIO window, which has %s", len(b32), guestmem.FormatSizeApprox(pe.Need), guestmem.FormatSizeApprox(w.Mem32.Size))
 		case err != nil:
 			c.add("bar-space-32bit", "vm", Fail, "", "%v", err)
 		default:
@@ -147,7 +147,7 @@ func (c *checker) barSpaceFlat() {
 	if err == nil {
 		end := barsEnd(b64, addrs)
 		c.add("bar-space", "vm", Pass, "", "%d 64-bit BARs (%s) fit in [%#x, %#x): need %d of the host's %d physical address bits",
-			len(b64), humanSize(total64), w.Mem64.GPA, end, bits.Len64(end-1), physBits)
+			len(b64), guestmem.FormatSizeApprox(total64), w.Mem64.GPA, end, bits.Len64(end-1), physBits)
 		return
 	}
 	var pe *addrspace.PlanError
@@ -161,7 +161,7 @@ func (c *checker) barSpaceFlat() {
 		fix = fmt.Sprintf("use --memory %s or less, or pass fewer devices (the CPU's %d-bit physical address width is fixed)", guestmem.FormatSize(maxMem), physBits)
 	}
 	c.add("bar-space", "vm", Fail, fix, "%d 64-bit BARs (%s) from %#x end at %#x: the guest needs %d physical address bits, the host has %d",
-		len(b64), humanSize(total64), w.Mem64.GPA, end, bits.Len64(end-1), physBits)
+		len(b64), guestmem.FormatSizeApprox(total64), w.Mem64.GPA, end, bits.Len64(end-1), physBits)
 }
 
 // powerOfTwo rounds a BAR size up to a power of two, as BAR sizing does.

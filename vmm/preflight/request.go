@@ -5,6 +5,7 @@ package preflight
 import (
 	"fmt"
 
+	"github.com/hpcvmm/hpcvmm/addrspace"
 	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/ibvf"
 )
@@ -70,7 +71,7 @@ func (c *checker) request() {
 		c.add("request", "vm", Fail, "use --hugepages 1G, 2M or none", "page size %d is not 1G, 2M or 4K", c.req.PageSize)
 	}
 	if ps := c.req.pageSize(); c.req.Memory%ps != 0 && (ps == Page1G || ps == Page2M) {
-		c.add("request", "vm", Fail, fmt.Sprintf("use --memory %s", guestmem.FormatSize(alignUp(c.req.Memory, ps))),
+		c.add("request", "vm", Fail, fmt.Sprintf("use --memory %s", guestmem.FormatSize(addrspace.AlignUp(c.req.Memory, ps))),
 			"memory %s is not a multiple of the %s page size", guestmem.FormatSize(c.req.Memory), guestmem.FormatSize(ps))
 	}
 	if c.req.CPUs < 0 {
