@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hpcvmm/hpcvmm/guestmem"
+	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
 
 // NUMANodeAuto asks New to choose the NUMA node: the node of the first
@@ -170,7 +171,7 @@ func fieldErr(field, format string, args ...any) error {
 func (c *Config) Validate() error {
 	var errs []error
 	if c.Kernel == "" {
-		errs = append(errs, fieldErr("Kernel", "no kernel given: pass --kernel with a bzImage such as /boot/vmlinuz-$(uname -r), or a vmlinux"))
+		errs = append(errs, fieldErr("Kernel", "no kernel given: give a bzImage such as /boot/vmlinuz-$(uname -r), or a vmlinux"))
 	} else if err := checkReadableFile(c.Kernel); err != nil {
 		errs = append(errs, fieldErr("Kernel", "%v", err))
 	}
@@ -195,26 +196,12 @@ func (c *Config) Validate() error {
 	default:
 		errs = append(errs, fieldErr("Topology", "%q: want host or flat", c.Topology))
 	}
-	if c.CPUs < 1 {
-		errs = append(errs, fieldErr("CPUs", "%d vCPUs: need at least 1", c.CPUs))
-	}
 	if c.CPUs > maxVCPUs {
 		errs = append(errs, fieldErr("CPUs", "%d vCPUs: hpcvmm supports at most %d", c.CPUs, maxVCPUs))
 	}
-	page := c.pageSize()
-	switch page {
-	case guestmem.Page4K, guestmem.Page2M, guestmem.Page1G:
-	default:
-		errs = append(errs, fieldErr("HugePages", "page size %d is not one of 1G, 2M or none (4K)", uint64(page)))
-	}
-	switch {
-	case c.Memory == 0:
-		errs = append(errs, fieldErr("Memory", "no guest memory: pass --memory, e.g. 2G"))
-	case c.Memory < minMemory:
-		errs = append(errs, fieldErr("Memory", "%s is too small: a Linux guest needs at least %s", guestmem.FormatSize(c.Memory), guestmem.FormatSize(minMemory)))
-	case page != 0 && c.Memory%uint64(page) != 0:
-		errs = append(errs, fieldErr("Memory", "%s is not a multiple of the %s page size: use a multiple (e.g. %s) or another --hugepages", guestmem.FormatSize(c.Memory), page, guestmem.FormatSize((c.Memory/uint64(page)+1)*uint64(page))))
-	}
+	// Sizes, page size and the vCPU count's floor: the checks `hpcvmm
+	// check` makes too (New repeats them against the host).
+	errs = append(errs, inputFieldErrors(preflight.CheckInput(nil, c.inputRequest()))...)
 	if c.PrefaultWorkers < 0 {
 		errs = append(errs, fieldErr("PrefaultWorkers", "%d workers: want 1 or more, or 0 for one per CPU of the guest's node", c.PrefaultWorkers))
 	}
@@ -274,5 +261,35 @@ func checkReadableFile(path string) error {
 // IDs, so the MP table can describe every CPU).
 const maxVCPUs = 255
 
-// A Linux x86-64 guest with an initramfs does not get to userspace in less.
-const minMemory = 64 << 20
+// inputRequest is the part of cfg that preflight.CheckInput validates.
+func (c *Config) inputRequest() preflight.Request {
+	return preflight.Request{Memory: c.Memory, PageSize: uint64(c.pageSize()), CPUs: c.CPUs, NUMANode: c.NUMANode}
+}
+
+// inputFieldErrors turns preflight.CheckInput's errors into FieldErrors
+// naming the Config field.
+func inputFieldErrors(err error) []error {
+	if err == nil {
+		return nil
+	}
+	var list []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		list = j.Unwrap()
+	} else {
+		list = []error{err}
+	}
+	out := make([]error, 0, len(list))
+	for _, e := range list {
+		var ie *preflight.InputError
+		if !errors.As(e, &ie) {
+			out = append(out, e)
+			continue
+		}
+		field := ie.Field
+		if field == "PageSize" {
+			field = "HugePages"
+		}
+		out = append(out, &FieldError{Field: field, Err: ie.Err})
+	}
+	return out
+}

@@ -1,11 +1,13 @@
 package vmm
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strconv"
 	"strings"
 
+	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/uapi"
 	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
@@ -63,4 +65,38 @@ func ProbeVFIOGroup(group int) error {
 		return err
 	}
 	return g.Close()
+}
+
+// checkHostFirst is New's first look at the host, right after Validate:
+// the sizes against what this host could ever give (preflight.CheckInput,
+// exactly as `hpcvmm check` runs it), so a guest larger than any node is
+// bad input (exit 2), refused before the kernel step.
+func checkHostFirst(cfg *Config) error {
+	if errs := inputFieldErrors(preflight.CheckInput(cfg.host(), cfg.inputRequest())); len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	return nil
+}
+
+// checkKVMFirst runs preflight's KVM checks (the device, and a backend
+// that can run a stock kernel: not kvm_pvm) ahead of the full preflight:
+// openKernel calls it before it starts a bzImage's decompression and cache
+// write, so such a host refuses in milliseconds and leaves no cache entry.
+func checkKVMFirst(cfg *Config) error {
+	if rep := preflight.CheckKVM(cfg.host(), preflight.Request{}); !rep.OK() {
+		return &PreflightError{Report: rep}
+	}
+	return nil
+}
+
+// host is the host cfg describes: /sys and /proc, or the test trees.
+func (c *Config) host() *host.Host {
+	sysRoot, procRoot := c.SysfsRoot, c.ProcfsRoot
+	if sysRoot == "" {
+		sysRoot = "/sys"
+	}
+	if procRoot == "" {
+		procRoot = "/proc"
+	}
+	return host.New(sysRoot, procRoot)
 }

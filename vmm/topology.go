@@ -210,7 +210,7 @@ func (vm *VM) writeNCCLTopology(supported []uapi.CPUIDEntry) error {
 		return err
 	}
 	if err := os.WriteFile(vm.cfg.NCCLTopoFile, b.Bytes(), 0o644); err != nil {
-		return fmt.Errorf("--nccl-topo: %w", err)
+		return fmt.Errorf("NCCL topology file: %w", err)
 	}
 	vm.log.Info("NCCL topology written", "file", vm.cfg.NCCLTopoFile)
 	return nil

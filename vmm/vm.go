@@ -127,6 +127,9 @@ func New(cfg Config) (_ *VM, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if err := checkHostFirst(&cfg); err != nil {
+		return nil, err
+	}
 	if cfg.Stdout == nil {
 		cfg.Stdout = os.Stdout
 	}

@@ -59,13 +59,13 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	if rc := c.noArgs(stderr, "devices are given with --gpu and --vf"); rc >= 0 {
 		return rc
 	}
-	switch {
-	case req.Memory == 0:
-		return c.usageError(stderr, "--memory 0: want more than 0, e.g. 1G")
-	case req.CPUs < 1:
-		return c.usageError(stderr, "--cpus %d: want 1 or more", req.CPUs)
-	}
 	req.GPUs, req.VFs, req.PageSize = gpus, vfs, uint64(page)
+	h := host.New(*sysRoot, *procRoot)
+	// The same validation hpcvmm run makes (vmm.Config.Validate and
+	// vmm.New call it too): a size that can never fit is bad input.
+	if err := preflight.CheckInput(h, req); err != nil {
+		return c.usageError(stderr, "%s", describeInputError(err))
+	}
 	if *sysRoot == "/sys" {
 		// The live host: read InfiniBand VFs' GUIDs over netlink, and
 		// open the devices' VFIO groups as the VM would.
@@ -73,7 +73,6 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		req.GroupOpen = vmm.ProbeVFIOGroup
 	}
 
-	h := host.New(*sysRoot, *procRoot)
 	rep := preflight.Run(h, req)
 	var err error
 	if *asJSON {
@@ -92,6 +91,29 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// requestFlags maps preflight.Request fields to the flags of hpcvmm check
+// that set them.
+var requestFlags = map[string]string{"Memory": "--memory", "PageSize": "--hugepages", "CPUs": "--cpus", "NUMANode": "--numa-node"}
+
+// describeInputError renders preflight.CheckInput's errors one per line,
+// each naming its flag.
+func describeInputError(err error) string {
+	list := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		list = j.Unwrap()
+	}
+	msgs := make([]string, 0, len(list))
+	for _, e := range list {
+		var ie *preflight.InputError
+		if errors.As(e, &ie) && requestFlags[ie.Field] != "" {
+			msgs = append(msgs, requestFlags[ie.Field]+": "+ie.Err.Error())
+			continue
+		}
+		msgs = append(msgs, e.Error())
+	}
+	return strings.Join(msgs, "\nhpcvmm check: ")
 }
 
 // writeGuestTree prints the guest PCI tree hpcvmm run builds for the

@@ -10,6 +10,16 @@ import (
 	"github.com/hpcvmm/hpcvmm/host"
 )
 
+// CheckKVM runs only Run's KVM checks: the device, its backend (kvm_pvm
+// runs no stock kernel) and req.KVMCheck's capabilities. vmm.New runs it
+// before the kernel step, so a host whose KVM cannot run the guest refuses
+// before seconds of decompression and a kernel-cache write.
+func CheckKVM(h *host.Host, req Request) Report {
+	c := &checker{h: h, req: req, rep: Report{Node: -1}}
+	c.kvm()
+	return c.rep
+}
+
 func (c *checker) kvm() {
 	p := c.h.Layout.KVM
 	if !c.h.KVMPresent() {

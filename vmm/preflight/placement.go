@@ -121,9 +121,11 @@ func (c *checker) memory(n host.Node) {
 		case n.MemFree == 0:
 			c.add("memory", subj, Pass, "", "free memory unknown; no hugepages requested")
 		case n.MemFree >= c.req.Memory:
-			c.add("memory", subj, Pass, "", "%s free for %s (4K pages)", guestmem.FormatSize(n.MemFree), guestmem.FormatSize(c.req.Memory))
+			c.add("memory", subj, Pass, "", "%s free for %s (4K pages)", guestmem.FormatSizeApprox(n.MemFree), guestmem.FormatSizeApprox(c.req.Memory))
 		default:
-			c.add("memory", subj, Warn, "use hugepages (--hugepages 1G) reserved on this node, or free memory", "%s free for %s: guest RAM will spill to other nodes or swap", guestmem.FormatSize(n.MemFree), guestmem.FormatSize(c.req.Memory))
+			c.add("memory", subj, Warn, "use hugepages (--hugepages 1G) reserved on this node, or free memory",
+				"%s free of the node's %s for %s of guest RAM: the kernel must reclaim memory (page cache) or the guest will not get it all",
+				guestmem.FormatSizeApprox(n.MemFree), guestmem.FormatSizeApprox(n.MemTotal), guestmem.FormatSizeApprox(c.req.Memory))
 		}
 		return
 	}
@@ -138,12 +140,19 @@ func (c *checker) memory(n host.Node) {
 		c.add("hugepages", subj, Fail, fix, "the kernel has no %s hugepage pool", guestmem.FormatSize(ps))
 		return
 	}
-	if p.Free >= need {
-		c.add("hugepages", subj, Pass, "", "%d of %d free %s hugepages, VM needs %d", p.Free, p.Total, guestmem.FormatSize(ps), need)
+	// The words follow sysfs: the pool is nr_hugepages pages, of which
+	// free_hugepages are not in use, of which resv_hugepages are promised
+	// to mappings already.
+	pool := fmt.Sprintf("%d of the pool's %d %s hugepages free", p.Free, p.Total, guestmem.FormatSize(ps))
+	if p.Resv > 0 {
+		pool += fmt.Sprintf(" (%d of them promised to other mappings)", p.Resv)
+	}
+	if avail := p.Available(); avail >= need {
+		c.add("hugepages", subj, Pass, "", "%s; the VM needs %d (%s)", pool, need, guestmem.FormatSizeApprox(need*ps))
 		return
 	}
-	c.add("hugepages", subj, Fail, fmt.Sprintf("echo %d > %s", p.Total+(need-p.Free), path),
-		"%d free %s hugepages (%d reserved), VM needs %d", p.Free, guestmem.FormatSize(ps), p.Total, need)
+	c.add("hugepages", subj, Fail, fmt.Sprintf("echo %d > %s", p.Total+(need-p.Available()), path),
+		"%s; the VM needs %d (%s)", pool, need, guestmem.FormatSizeApprox(need*ps))
 }
 
 func (c *checker) placement() {
