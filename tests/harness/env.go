@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/internal/testenv"
 	"github.com/hpcvmm/hpcvmm/uapi"
 )
 
@@ -162,17 +163,13 @@ func KVMUsable() error {
 }
 
 // requireIntegration reports whether CI asked for skips to be failures.
-func requireIntegration() bool { return os.Getenv("HPCVMM_REQUIRE_INTEGRATION") == "1" }
+func requireIntegration() bool { return testenv.RequireIntegration() }
 
 // skipOrFail skips with the reason, or fails when
-// HPCVMM_REQUIRE_INTEGRATION=1.
+// HPCVMM_REQUIRE_INTEGRATION=1 (testenv.SkipOrFail).
 func skipOrFail(t testing.TB, format string, args ...any) {
 	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if requireIntegration() {
-		t.Fatalf("%s (a failure, not a skip, because HPCVMM_REQUIRE_INTEGRATION=1)", msg)
-	}
-	t.Skip(msg)
+	testenv.SkipOrFail(t, format, args...)
 }
 
 // runInside runs the body inside L1 and writes its outcome to the result
