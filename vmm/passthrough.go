@@ -491,9 +491,11 @@ func (vm *VM) restoreHost() error {
 // memslots hands out KVM memory slots above the guest RAM slots, for BAR
 // mappings installed and removed as the guest moves BARs.
 type memslots struct {
-	vm   *uapi.VM
-	mu   sync.Mutex
+	vm *uapi.VM
+	mu sync.Mutex
+	// +checklocks:mu
 	next uint32
+	// +checklocks:mu
 	free []uint32
 }
 
