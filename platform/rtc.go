@@ -123,9 +123,9 @@ func (r *RTC) readReg(reg byte) byte {
 	case rtcMonth:
 		return rtcEncode(int(t.Month()), binary)
 	case rtcYear:
-		return rtcEncode(t.Year() % 100, binary)
+		return rtcEncode(t.Year()%100, binary)
 	case rtcCentury:
-		return rtcEncode(t.Year() / 100, binary)
+		return rtcEncode(t.Year()/100, binary)
 	case rtcRegC:
 		return 0 // no interrupt flags: no alarm or periodic interrupts
 	}
