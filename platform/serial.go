@@ -68,18 +68,16 @@ const (
 	lsrOE   = 0x02
 	lsrTHRE = 0x20
 	lsrTEMT = 0x40
-	// +checklocks:mu
-	lsrErr = lsrOE // the only error this model can produce: input overflow
+	lsrErr  = lsrOE // the only error this model can produce: input overflow
 
-	msrDCTS = 0x01
-	msrDDSR = 0x02
-	msrTERI = 0x04
-	msrDDCD = 0x08
-	msrCTS  = 0x10
-	msrDSR  = 0x20
-	msrRI   = 0x40
-	msrDCD  = 0x80
-	// +checklocks:mu
+	msrDCTS  = 0x01
+	msrDDSR  = 0x02
+	msrTERI  = 0x04
+	msrDDCD  = 0x08
+	msrCTS   = 0x10
+	msrDSR   = 0x20
+	msrRI    = 0x40
+	msrDCD   = 0x80
 	msrDelta = 0x0f
 )
 
