@@ -53,7 +53,8 @@ const tableAlign = 16
 // base. It reports an error for an inconsistent Platform: no CPUs,
 // duplicate APIC IDs, overlapping memory, an empty bus range, windows out of
 // range, GSIs off the IOAPIC, a bad distance matrix, an RSDP overlapping the
-// blob.
+// blob. It is long on purpose: one table after another in the blob's order,
+// each placed where the FADT and XSDT (written last) point.
 func Build(p Platform, base uint64) (Tables, error) {
 	if err := p.validate(); err != nil {
 		return Tables{}, fmt.Errorf("acpi: %w", err)

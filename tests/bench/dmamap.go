@@ -680,7 +680,8 @@ func stopDMAVMM(cmd *exec.Cmd, exited <-chan struct{}) {
 	<-exited
 }
 
-// renderDMAMap renders the DMA-map table ("" without samples).
+// renderDMAMap renders the DMA-map table ("" without samples). Long on
+// purpose: the table's header, rows and notes in the order they print.
 func renderDMAMap(rep *Report, ix statIndex, where, whereText string) string {
 	type row struct {
 		page string

@@ -76,7 +76,8 @@ func defaultOptions() options {
 
 // outer builds everything, runs the host prefault cases, then the suite
 // (here or inside L1), and returns the report. A report with what was
-// measured comes back even when a later step failed.
+// measured comes back even when a later step failed. Long on purpose: the
+// suite's steps in order, each keeping what was measured before it.
 func outer(ctx context.Context, o options) (*Report, error) {
 	started := time.Now()
 	rep := &Report{
