@@ -100,3 +100,36 @@ func (c *Config) host() *host.Host {
 	}
 	return host.New(sysRoot, procRoot)
 }
+
+// inputRequest is the part of cfg that preflight.CheckInput validates.
+func (c *Config) inputRequest() preflight.Request {
+	return preflight.Request{Memory: c.Memory, PageSize: uint64(c.pageSize()), CPUs: c.CPUs, NUMANode: c.NUMANode}
+}
+
+// inputFieldErrors turns preflight.CheckInput's errors into FieldErrors
+// naming the Config field.
+func inputFieldErrors(err error) []error {
+	if err == nil {
+		return nil
+	}
+	var list []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		list = j.Unwrap()
+	} else {
+		list = []error{err}
+	}
+	out := make([]error, 0, len(list))
+	for _, e := range list {
+		var ie *preflight.InputError
+		if !errors.As(e, &ie) {
+			out = append(out, e)
+			continue
+		}
+		field := ie.Field
+		if field == "PageSize" {
+			field = "HugePages"
+		}
+		out = append(out, &FieldError{Field: field, Err: ie.Err})
+	}
+	return out
+}
