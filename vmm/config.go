@@ -199,8 +199,11 @@ func (c *Config) Validate() error {
 	if c.CPUs > maxVCPUs {
 		errs = append(errs, fieldErr("CPUs", "%d vCPUs: hpcvmm supports at most %d", c.CPUs, maxVCPUs))
 	}
-	// Sizes, page size and the vCPU count's floor: the checks `hpcvmm
-	// check` makes too (New repeats them against the host).
+	if c.CPUs < 1 {
+		errs = append(errs, fieldErr("CPUs", "%d vCPUs: need at least 1", c.CPUs))
+	}
+	// Sizes and the page size: the checks `hpcvmm check` makes too (New
+	// repeats them against the host).
 	errs = append(errs, inputFieldErrors(preflight.CheckInput(nil, c.inputRequest()))...)
 	if c.PrefaultWorkers < 0 {
 		errs = append(errs, fieldErr("PrefaultWorkers", "%d workers: want 1 or more, or 0 for one per CPU of the guest's node", c.PrefaultWorkers))

@@ -59,13 +59,11 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	if rc := c.noArgs(stderr, "devices are given with --gpu and --vf"); rc >= 0 {
 		return rc
 	}
-	req.GPUs, req.VFs, req.PageSize = gpus, vfs, uint64(page)
-	h := host.New(*sysRoot, *procRoot)
-	// The same validation hpcvmm run makes (vmm.Config.Validate and
-	// vmm.New call it too): a size that can never fit is bad input.
-	if err := preflight.CheckInput(h, req); err != nil {
-		return c.usageError(stderr, "%s", describeInputError(err))
+	switch {
+	case req.CPUs < 1:
+		return c.usageError(stderr, "--cpus %d: want 1 or more", req.CPUs)
 	}
+	req.GPUs, req.VFs, req.PageSize = gpus, vfs, uint64(page)
 	if *sysRoot == "/sys" {
 		// The live host: read InfiniBand VFs' GUIDs over netlink, and
 		// open the devices' VFIO groups as the VM would.
@@ -73,6 +71,12 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		req.GroupOpen = vmm.ProbeVFIOGroup
 	}
 
+	h := host.New(*sysRoot, *procRoot)
+	// The validation of sizes hpcvmm run makes (vmm.Config.Validate and
+	// vmm.New call it too): a size that can never fit is bad input.
+	if err := preflight.CheckInput(h, req); err != nil {
+		return c.usageError(stderr, "%s", describeInputError(err))
+	}
 	rep := preflight.Run(h, req)
 	var err error
 	if *asJSON {
@@ -95,7 +99,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 
 // requestFlags maps preflight.Request fields to the flags of hpcvmm check
 // that set them.
-var requestFlags = map[string]string{"Memory": "--memory", "PageSize": "--hugepages", "CPUs": "--cpus", "NUMANode": "--numa-node"}
+var requestFlags = map[string]string{"Memory": "--memory", "PageSize": "--hugepages", "NUMANode": "--numa-node"}
 
 // describeInputError renders preflight.CheckInput's errors one per line,
 // each naming its flag.

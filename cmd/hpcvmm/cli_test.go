@@ -85,7 +85,7 @@ func TestExitStatusInvalidInput(t *testing.T) {
 		{[]string{"run", "--kernel", kernel, "--kernel-cache", "relative/dir"}, []string{"--kernel-cache", "not an absolute path"}},
 		// The other commands.
 		{[]string{"check", "--memory", "lots"}, []string{"hpcvmm check: --memory", "--help"}},
-		{[]string{"check", "--cpus", "0"}, []string{"--cpus: 0 vCPUs", "--help"}},
+		{[]string{"check", "--cpus", "0"}, []string{"--cpus 0", "--help"}},
 		{[]string{"check", "0000:00:04.0"}, []string{"unexpected argument", "--gpu"}},
 		{[]string{"check", "-gpu", "00:04.0"}, []string{"unknown flag -gpu", "--gpu"}},
 		{[]string{"devices", "--bogus"}, []string{"hpcvmm devices: unknown flag --bogus", "--help"}},

@@ -449,7 +449,6 @@ func TestCheckInput(t *testing.T) {
 		{"zero", func(r *preflight.Request) { r.Memory = 0 }, "Memory", "no guest memory: give a size, e.g. 2G"},
 		{"tiny", func(r *preflight.Request) { r.Memory, r.PageSize = mib, preflight.Page4K }, "Memory", "1M is too small: a Linux guest needs at least 64M"},
 		{"not a multiple", func(r *preflight.Request) { r.Memory = 3*gib + 2*mib }, "Memory", "3074M is not a multiple of the 1G page size: use 4G, or a smaller page size"},
-		{"no vCPU", func(r *preflight.Request) { r.CPUs = 0 }, "CPUs", "0 vCPUs: need at least 1"},
 		{"odd page", func(r *preflight.Request) { r.PageSize = 12345 }, "PageSize", "page size 12345 is not 1G, 2M or 4K (none)"},
 	} {
 		req := ok

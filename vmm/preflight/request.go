@@ -76,7 +76,7 @@ const MinMemory = 64 << 20
 // problem with a fix. Field names the Request field at fault; the message
 // names no flag, so the CLI and the Go API each name it their own way.
 type InputError struct {
-	Field string // Request field: Memory, PageSize, CPUs or NUMANode
+	Field string // Request field: Memory, PageSize or NUMANode
 	Err   error
 }
 
@@ -91,7 +91,7 @@ func inputErr(field, format string, args ...any) error {
 // check` and `hpcvmm run` (vmm.Config.Validate, then vmm.New with the
 // host) share, so both accept and refuse the same input with the same
 // words. With h nil it checks the values alone (page size, memory at least
-// MinMemory and a multiple of the page size, at least one vCPU); with a
+// MinMemory and a multiple of the page size); with a
 // host also that the node exists and that guest RAM is no larger than the
 // RAM of the node it would run on (the requested node, else the largest):
 // a hugepage pool can never be given more than its node's memory, and 4 KiB
@@ -116,9 +116,6 @@ func CheckInput(h *host.Host, req Request) error {
 	case req.Memory%ps != 0:
 		errs = append(errs, inputErr("Memory", "%s is not a multiple of the %s page size: use %s, or a smaller page size",
 			guestmem.FormatSize(req.Memory), guestmem.FormatSize(ps), guestmem.FormatSize(addrspace.AlignUp(req.Memory, ps))))
-	}
-	if req.CPUs < 1 {
-		errs = append(errs, inputErr("CPUs", "%d vCPUs: need at least 1", req.CPUs))
 	}
 	if h != nil {
 		errs = append(errs, checkInputOnHost(h, req)...)
