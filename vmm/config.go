@@ -196,11 +196,11 @@ func (c *Config) Validate() error {
 	default:
 		errs = append(errs, fieldErr("Topology", "%q: want host or flat", c.Topology))
 	}
-	if c.CPUs > maxVCPUs {
-		errs = append(errs, fieldErr("CPUs", "%d vCPUs: hpcvmm supports at most %d", c.CPUs, maxVCPUs))
-	}
 	if c.CPUs < 1 {
 		errs = append(errs, fieldErr("CPUs", "%d vCPUs: need at least 1", c.CPUs))
+	}
+	if c.CPUs > maxVCPUs {
+		errs = append(errs, fieldErr("CPUs", "%d vCPUs: hpcvmm supports at most %d", c.CPUs, maxVCPUs))
 	}
 	// Sizes and the page size: the checks `hpcvmm check` makes too (New
 	// repeats them against the host).
