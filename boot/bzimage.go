@@ -19,6 +19,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/bits"
+	"strings"
 )
 
 // Setup-header and boot_params offsets. The setup header sits at 0x1f1 both
@@ -190,6 +191,39 @@ func ParseBzImage(image []byte) (*Kernel, error) {
 		}
 	}
 	return k, nil
+}
+
+// Release is the kernel's release, as `uname -r` prints it in the guest:
+// the first word of Version (e.g. "6.1.0-56-amd64"), which names the
+// guest's /lib/modules directory. Empty when the image carries no version.
+func (k *Kernel) Release() string {
+	release, _, _ := strings.Cut(strings.TrimSpace(k.Version), " ")
+	return release
+}
+
+// ReleaseOfVmlinux returns the release of an uncompressed kernel (a
+// vmlinux ELF, which has no setup header): the word after "Linux version "
+// in its linux_banner, a string literal the build bakes in. Empty when the
+// image holds no such banner.
+func ReleaseOfVmlinux(image []byte) string {
+	const banner = "Linux version "
+	for off := 0; ; {
+		i := bytes.Index(image[off:], []byte(banner))
+		if i < 0 {
+			return ""
+		}
+		start := off + i + len(banner)
+		end := start
+		for end < len(image) && end-start < maxVersionLen && image[end] > ' ' && image[end] < 0x7f {
+			end++
+		}
+		// The banner goes on " (builder@host) ...": a bare "Linux version "
+		// elsewhere (a format string, "%s") is not it.
+		if end > start && end+1 < len(image) && image[end] == ' ' && image[end+1] == '(' && image[start] != '%' {
+			return string(image[start:end])
+		}
+		off = start
+	}
 }
 
 // versionString reads the NUL-terminated version string that kernel_version

@@ -41,6 +41,7 @@ func TestParseBzImageHostKernel(t *testing.T) {
 			// starts with (on Debian bookworm: 6.1.x).
 			release := strings.TrimPrefix(filepath.Base(path), "vmlinuz-")
 			assert.True(t, strings.HasPrefix(k.Version, release+" "), "version %q should start with %q", k.Version, release)
+			assert.Equal(t, release, k.Release())
 			if strings.HasPrefix(release, "6.1.") {
 				assert.True(t, strings.HasPrefix(k.Version, "6.1"))
 			}
@@ -106,6 +107,9 @@ func TestParseBzImageVersionEdgeCases(t *testing.T) {
 	}))
 	require.NoError(t, err)
 	assert.Equal(t, "abc", k.Version)
+	assert.Equal(t, "abc", k.Release())
+	assert.Equal(t, "6.1.0-56-amd64", (&Kernel{Version: "6.1.0-56-amd64 (debian-kernel@lists.debian.org) #1 SMP"}).Release())
+	assert.Empty(t, (&Kernel{}).Release())
 }
 
 func TestParseBzImageRejects(t *testing.T) {

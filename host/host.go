@@ -59,6 +59,15 @@ type Layout struct {
 	Modules string
 	// NUMABalancing is /proc/sys/kernel/numa_balancing.
 	NUMABalancing string
+	// NetClass and BlockClass are /sys/class/net and /sys/class/block:
+	// every network interface and block device (partitions included), each
+	// a link into its device's directory, so those below a PCI function
+	// are found whatever the driver nests between (DeviceUse).
+	NetClass, BlockClass string
+	// Mountinfo is /proc/self/mountinfo, NetRoute /proc/net/route,
+	// IfInet6 /proc/net/if_inet6 and Swaps /proc/swaps: what the host
+	// uses its interfaces and disks for (DeviceUse).
+	Mountinfo, NetRoute, IfInet6, Swaps string
 }
 
 // Host reads one host tree. The zero value is not usable; call New or
@@ -94,6 +103,12 @@ func StandardLayout(sysRoot, procRoot string) Layout {
 		KVM:                  filepath.Join(filepath.Dir(sysRoot), "dev/kvm"),
 		Modules:              filepath.Join(sysRoot, "module"),
 		NUMABalancing:        filepath.Join(procRoot, "sys/kernel/numa_balancing"),
+		NetClass:             filepath.Join(sysRoot, "class/net"),
+		BlockClass:           filepath.Join(sysRoot, "class/block"),
+		Mountinfo:            filepath.Join(procRoot, "self/mountinfo"),
+		NetRoute:             filepath.Join(procRoot, "net/route"),
+		IfInet6:              filepath.Join(procRoot, "net/if_inet6"),
+		Swaps:                filepath.Join(procRoot, "swaps"),
 	}
 }
 

@@ -4,12 +4,28 @@
 // rebound from its driver to vfio-pci, an InfiniBand VF's node/port GUIDs
 // and link state set on its PF (and later TAP devices and hugepage
 // reservations). Each change is written to a journal file
-// (<StateDir>/<pid>.json, /run/hpcvmm by default) and synced BEFORE the
-// change is made, so whatever kills hpcvmm the file says what to undo.
-// Restore undoes every change, newest first, and deletes the file; the VMM
-// calls it on every exit path it controls (normal exit, error, signal).
-// After a SIGKILL or a crash, RestoreStale (behind `hpcvmm unbind` and
-// `hpcvmm cleanup`) finds journals whose process is gone and undoes them.
+// (<StateDir>/<pid>-<random>.json, /run/hpcvmm by default; the name is
+// claimed exclusively, so a later process with the same PID never
+// overwrites a crashed one's journal) and synced BEFORE the change is made,
+// so whatever kills hpcvmm the file says what to undo. Restore undoes
+// every change, newest first, and deletes the file; the VMM calls it on
+// every exit path it controls (normal exit, error, signal). After a
+// SIGKILL or a crash, RestoreStale (behind `hpcvmm unbind`) finds journals
+// whose process is gone and undoes them.
+//
+// Under Slurm a journal records the job and step (SLURM_JOB_ID,
+// SLURM_STEP_ID). A Prolog's `hpcvmm bind` exits as soon as it has bound,
+// so its process is no proof of anything: with SLURM_JOB_ID set (the
+// job's Epilog) RestoreStale undoes that job's journals only, and outside
+// a job it never undoes the journal of a job Slurm still runs (or cannot
+// say about).
+//
+// Journals become sysfs paths and values written as root, so they are
+// trusted only as far as who could have written them: the state directory
+// and every journal must be owned by root or hpcvmm's user and not be
+// writable by group or others (nor be symbolic links), every BDF, driver
+// name and network interface name read back is checked, and sysfs
+// attributes are opened with O_NOFOLLOW.
 //
 // All sysfs paths are below a root directory, and sysfs writes go through a
 // replaceable function, so tests run against synthetic trees with a small
@@ -17,9 +33,12 @@
 package hoststate
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -28,8 +47,11 @@ import (
 	"sync"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/ibvf"
+	"github.com/hpcvmm/hpcvmm/slurm"
 )
 
 // DefaultStateDir is where journals live on a real host: tmpfs, so a reboot
@@ -99,7 +121,13 @@ type file struct {
 	// StartTime is the process start time (clock ticks since boot, field 22
 	// of /proc/<pid>/stat), so a reused PID is not mistaken for a live
 	// hpcvmm.
-	StartTime uint64   `json:"start_time,omitempty"`
+	StartTime uint64 `json:"start_time,omitempty"`
+	// SlurmJob and SlurmStep are the Slurm job and step the process ran
+	// in (SLURM_JOB_ID, SLURM_STEP_ID; "" outside Slurm): a Prolog's
+	// journal outlives its process, and only the job's own Epilog, or
+	// anyone once Slurm no longer runs the job, may restore it.
+	SlurmJob  string   `json:"slurm_job,omitempty"`
+	SlurmStep string   `json:"slurm_step,omitempty"`
 	Changes   []Change `json:"changes"`
 }
 
@@ -120,6 +148,12 @@ type Options struct {
 	// Netlink sets InfiniBand VF identities; nil means the kernel's
 	// (ibvf.System). Tests record the messages here.
 	Netlink ibvf.Netlink
+	// Getenv reads the environment (SLURM_JOB_ID, SLURM_STEP_ID); nil
+	// means os.Getenv.
+	Getenv func(string) string
+	// JobRunning reports whether Slurm still runs a job; nil means
+	// slurm.JobRunning (squeue).
+	JobRunning func(job string) (bool, error)
 }
 
 func (o *Options) fill() {
@@ -141,12 +175,20 @@ func (o *Options) fill() {
 	if o.Netlink == nil {
 		o.Netlink = ibvf.System{}
 	}
+	if o.Getenv == nil {
+		o.Getenv = os.Getenv
+	}
+	if o.JobRunning == nil {
+		o.JobRunning = slurm.JobRunning
+	}
 }
 
 // writeAttr writes a sysfs attribute in one write(2), which is how sysfs
-// wants it (it applies each write as a whole).
+// wants it (it applies each write as a whole). A symbolic link in the
+// attribute's place is refused (O_NOFOLLOW): sysfs attributes are never
+// links, and root following one writes wherever it points.
 func writeAttr(path string, data []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	f, err := os.OpenFile(path, os.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
@@ -163,17 +205,49 @@ type Journal struct {
 	mu   sync.Mutex
 	opts Options
 	path string
-	f    file
+	// claimed is set once the file at path is this journal's: the first
+	// save creates it exclusively, never replacing another's.
+	claimed bool
+	f       file
 }
 
 // Open returns the journal for this process. Nothing is written until the
 // first change.
 func Open(opts Options) *Journal {
 	opts.fill()
-	j := &Journal{opts: opts, path: filepath.Join(opts.StateDir, strconv.Itoa(opts.PID)+".json")}
+	j := &Journal{opts: opts, path: journalName(opts.StateDir, opts.PID)}
 	j.f.PID = opts.PID
 	j.f.StartTime, _ = startTime(opts.ProcRoot, opts.PID)
+	if job := opts.Getenv("SLURM_JOB_ID"); slurm.ValidJobID(job) {
+		j.f.SlurmJob = job
+		if step := opts.Getenv("SLURM_STEP_ID"); validStep(step) {
+			j.f.SlurmStep = step
+		}
+	}
 	return j
+}
+
+// journalName is a fresh journal path for pid: the PID for the
+// administrator, a random part so that a later process with the same PID
+// (PIDs wrap, PID namespaces repeat them) gets another file.
+func journalName(dir string, pid int) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return filepath.Join(dir, fmt.Sprintf("%d-%s.json", pid, hex.EncodeToString(b[:])))
+}
+
+// validStep reports whether s looks like a SLURM_STEP_ID: a number or a
+// name such as "batch" or "extern", short and plain.
+func validStep(s string) bool {
+	if s == "" || len(s) > 32 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c == '.' || c == '+' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // Path is the journal file's path.
@@ -186,27 +260,33 @@ func (j *Journal) Changes() []Change {
 	return append([]Change(nil), j.f.Changes...)
 }
 
-// save writes the journal durably (temp file, fsync, rename), or removes
-// it when empty.
+// save writes the journal durably (temporary file, fsync, rename), or
+// removes it when empty. The first save claims the journal's name
+// exclusively (a rename that never replaces: another process's journal
+// with the same name stays, and this one takes a new name).
 func (j *Journal) save() error {
 	if len(j.f.Changes) == 0 {
+		if !j.claimed {
+			return nil
+		}
 		if err := os.Remove(j.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("hoststate: remove journal %s: %w", j.path, err)
 		}
+		j.claimed = false
 		return nil
 	}
-	if err := os.MkdirAll(j.opts.StateDir, 0o700); err != nil {
-		return fmt.Errorf("hoststate: create state directory %s: %w", j.opts.StateDir, err)
+	if err := stateDir(j.opts.StateDir, true); err != nil {
+		return err
 	}
 	b, err := json.MarshalIndent(j.f, "", "  ")
 	if err != nil {
 		return fmt.Errorf("hoststate: encode journal: %w", err)
 	}
-	tmp := j.path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	f, err := os.CreateTemp(j.opts.StateDir, ".tmp-"+filepath.Base(j.path)+"-*")
 	if err != nil {
-		return fmt.Errorf("hoststate: write journal %s: %w", tmp, err)
+		return fmt.Errorf("hoststate: write journal %s: %w", j.path, err)
 	}
+	tmp := f.Name()
 	_, err = f.Write(append(b, '\n'))
 	if err == nil {
 		err = f.Sync()
@@ -214,12 +294,161 @@ func (j *Journal) save() error {
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if err == nil {
+	switch {
+	case err != nil:
+	case j.claimed:
 		err = os.Rename(tmp, j.path)
+	default:
+		for try := 0; ; try++ {
+			err = renameNoReplace(tmp, j.path)
+			if !errors.Is(err, fs.ErrExist) || try == 8 {
+				break
+			}
+			j.path = journalName(j.opts.StateDir, j.opts.PID)
+		}
+		j.claimed = err == nil
 	}
 	if err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("hoststate: write journal %s: %w", j.path, err)
+	}
+	return nil
+}
+
+// renameNoReplace renames from to to unless to exists (fs.ErrExist), with
+// RENAME_NOREPLACE, or a hard link and unlink where the file system lacks
+// it. A name already taken on either path is kept: os.Link fails with
+// EEXIST too.
+func renameNoReplace(from, to string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, from, unix.AT_FDCWD, to, unix.RENAME_NOREPLACE)
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+		if err = os.Link(from, to); err == nil {
+			return os.Remove(from)
+		}
+		return err
+	}
+	if err != nil {
+		return &os.LinkError{Op: "rename", Old: from, New: to, Err: err}
+	}
+	return nil
+}
+
+// stateDir checks the state directory: owned by root or hpcvmm's user, not
+// writable by group or others, not a symbolic link (anyone who can write
+// there chooses what a root `hpcvmm unbind` writes into sysfs). create
+// makes it (0700) when it is missing.
+func stateDir(dir string, create bool) error {
+	fi, err := os.Lstat(dir)
+	if create && errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("hoststate: create state directory %s: %w", dir, err)
+		}
+		fi, err = os.Lstat(dir)
+	}
+	if err != nil {
+		return fmt.Errorf("hoststate: state directory: %w", err)
+	}
+	return checkOwner(dir, fi, true)
+}
+
+// checkOwner refuses a state directory or journal (dir false) that is a
+// symbolic link, of the wrong kind, owned by another user than root or
+// hpcvmm's, or writable by group or others, with a one-line error naming
+// it and the fix.
+func checkOwner(path string, fi fs.FileInfo, dir bool) error {
+	what, fix := "journal", "check the devices it names by hand, then remove it"
+	if dir {
+		what, fix = "state directory", "chown root "+path+"; chmod go-w "+path+", or pass another --state-dir"
+	}
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return fmt.Errorf("hoststate: %s %s is a symbolic link: %s", what, path, fix)
+	case dir && !fi.IsDir(), !dir && !fi.Mode().IsRegular():
+		return fmt.Errorf("hoststate: %s %s is a %v: %s", what, path, fi.Mode().Type(), fix)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("hoststate: %s %s: no owner information", what, path)
+	}
+	if uid := uint32(os.Geteuid()); st.Uid != 0 && st.Uid != uid {
+		return fmt.Errorf("hoststate: %s %s is owned by uid %d, not root or hpcvmm's uid %d, who could have written it: %s", what, path, st.Uid, uid, fix)
+	}
+	if perm := fi.Mode().Perm(); perm&0o022 != 0 {
+		if !dir {
+			fix = "check the devices it names by hand, then chmod go-w " + path + " (or remove it)"
+		}
+		return fmt.Errorf("hoststate: %s %s has mode %04o, writable by group or others, who could choose what hpcvmm unbind writes as root: %s", what, path, perm, fix)
+	}
+	return nil
+}
+
+// validDriver reports whether s can be a kernel driver's name (a directory
+// of /sys/bus/pci/drivers): letters, digits, '_', '-', '.', '+', not
+// starting with '.', at most 64 bytes.
+func validDriver(s string) bool {
+	if s == "" || len(s) > 64 || s[0] == '.' {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c == '-' || c == '.' || c == '+') {
+			return false
+		}
+	}
+	return true
+}
+
+// validNetdev reports whether s can be a network interface name
+// (dev_valid_name: 1-15 bytes, not "." or "..", no '/', ':' or space).
+func validNetdev(s string) bool {
+	if s == "" || len(s) >= 16 || s == "." || s == ".." {
+		return false
+	}
+	for _, c := range s {
+		if c == '/' || c == ':' || c <= ' ' || c > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+// validBDF reports whether s is a PCI address in the canonical form
+// hpcvmm writes (0000:82:00.0), the form sysfs names devices by.
+func validBDF(s string) bool {
+	b, err := host.ParseBDF(s)
+	return err == nil && b.String() == s
+}
+
+// validate checks what a change read from a journal will turn into sysfs
+// path parts, written values and netlink targets.
+func (c Change) validate() error {
+	if c.Kind != KindPCIBind && c.Kind != KindIBVF {
+		return nil // undoChange refuses it, naming the kind
+	}
+	if !validBDF(c.BDF) {
+		return fmt.Errorf("BDF %q is not a PCI address such as 0000:82:00.0", c.BDF)
+	}
+	switch c.Kind {
+	case KindPCIBind:
+		if c.OriginalDriver != "" && !validDriver(c.OriginalDriver) {
+			return fmt.Errorf("original_driver %q is not a driver name", c.OriginalDriver)
+		}
+		if c.OriginalOverride != "" && !validDriver(c.OriginalOverride) {
+			return fmt.Errorf("original_override %q is not a driver name", c.OriginalOverride)
+		}
+	case KindIBVF:
+		v := c.IBVF
+		if v == nil {
+			return nil // undoIBVF says what to do
+		}
+		if !validBDF(v.PF) {
+			return fmt.Errorf("ib_vf.pf %q is not a PCI address such as 0000:82:00.0", v.PF)
+		}
+		if !validNetdev(v.Netdev) {
+			return fmt.Errorf("ib_vf.netdev %q is not a network interface name", v.Netdev)
+		}
+		if v.VFIndex < 0 || v.VFIndex > 0xffff {
+			return fmt.Errorf("ib_vf.vf_index %d is not a VF number", v.VFIndex)
+		}
 	}
 	return nil
 }
@@ -332,6 +561,9 @@ func (j *Journal) undo(c Change) error {
 }
 
 func undoChange(o Options, c Change) error {
+	if err := c.validate(); err != nil {
+		return fmt.Errorf("hoststate: restore %q: %w; nothing done", c.BDF, err)
+	}
 	if c.Kind == KindIBVF {
 		return undoIBVF(o, c)
 	}
@@ -346,6 +578,9 @@ func undoChange(o Options, c Change) error {
 	cur, err := currentDriver(o.SysfsRoot, c.BDF)
 	if err != nil {
 		return err
+	}
+	if cur != "" && !validDriver(cur) {
+		return fmt.Errorf("hoststate: restore %s: its driver link names %q, not a driver", c.BDF, cur)
 	}
 	if cur != "" && cur != c.OriginalDriver {
 		if err := w(filepath.Join(o.SysfsRoot, "bus/pci/drivers", cur, "unbind"), []byte(c.BDF)); err != nil {
@@ -442,21 +677,34 @@ func alive(o Options, f file) bool {
 type StaleReport struct {
 	// Restored are the changes undone.
 	Restored []Change
-	// Skipped names journals left alone because their hpcvmm still runs.
+	// Skipped names journals left alone and why: their hpcvmm still runs,
+	// their Slurm job still runs (or Slurm could not say), or they belong
+	// to another job than the Epilog's.
 	Skipped []string
 }
 
+// maxJournal bounds a journal's size: a few hundred bytes per change.
+const maxJournal = 1 << 20
+
 // RestoreStale undoes the changes recorded by hpcvmm processes that no
-// longer run (killed, crashed), for `hpcvmm unbind` and cleanup. With bdfs,
-// only changes to those PCI functions are undone; the rest stay journaled.
-// Journals of live processes (other than this one) are never touched.
+// longer run (killed, crashed, or a Prolog's `hpcvmm bind`), for `hpcvmm
+// unbind`. With bdfs, only changes to those PCI functions are undone; the
+// rest stay journaled. Journals of live processes (other than this one)
+// are never touched. With SLURM_JOB_ID set (the job's Epilog), only that
+// job's journals are undone; without, a journal of a Slurm job is undone
+// only once Slurm says the job no longer runs (Options.JobRunning).
+// Journals and a state directory that someone else could have written are
+// refused (checkOwner), and so is a journal whose contents are not what
+// hpcvmm writes (Change.validate), before anything is changed for it.
 func RestoreStale(opts Options, bdfs ...host.BDF) (StaleReport, error) {
 	opts.fill()
 	var rep StaleReport
-	ents, err := os.ReadDir(opts.StateDir)
-	if errors.Is(err, fs.ErrNotExist) {
+	if err := stateDir(opts.StateDir, false); errors.Is(err, fs.ErrNotExist) {
 		return rep, nil
+	} else if err != nil {
+		return rep, err
 	}
+	ents, err := os.ReadDir(opts.StateDir)
 	if err != nil {
 		return rep, fmt.Errorf("hoststate: list %s: %w", opts.StateDir, err)
 	}
@@ -464,27 +712,34 @@ func RestoreStale(opts Options, bdfs ...host.BDF) (StaleReport, error) {
 	for _, b := range bdfs {
 		want[b.String()] = true
 	}
+	epilog := opts.Getenv("SLURM_JOB_ID")
+	if !slurm.ValidJobID(epilog) {
+		epilog = ""
+	}
 	var errs []error
 	for _, e := range ents {
-		if !strings.HasSuffix(e.Name(), ".json") {
+		if strings.HasPrefix(e.Name(), ".tmp-") {
+			removeStaleTemp(opts.StateDir, e.Name())
+			continue
+		}
+		if !strings.HasSuffix(e.Name(), ".json") || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
 		path := filepath.Join(opts.StateDir, e.Name())
-		b, err := os.ReadFile(path)
+		f, err := readJournal(path)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("hoststate: read %s: %w", path, err))
-			continue
-		}
-		var f file
-		if err := json.Unmarshal(b, &f); err != nil {
-			errs = append(errs, fmt.Errorf("hoststate: parse %s: %w (remove it after checking the devices by hand)", path, err))
+			errs = append(errs, err)
 			continue
 		}
 		if f.PID != opts.PID && alive(opts, f) {
 			rep.Skipped = append(rep.Skipped, fmt.Sprintf("%s (hpcvmm pid %d still running)", path, f.PID))
 			continue
 		}
-		j := &Journal{opts: opts, path: path, f: f}
+		if why := keep(opts, epilog, f); why != "" {
+			rep.Skipped = append(rep.Skipped, fmt.Sprintf("%s (%s)", path, why))
+			continue
+		}
+		j := &Journal{opts: opts, path: path, claimed: true, f: f}
 		var left []Change
 		for i := len(f.Changes) - 1; i >= 0; i-- {
 			c := f.Changes[i]
@@ -505,4 +760,87 @@ func RestoreStale(opts Options, bdfs ...host.BDF) (StaleReport, error) {
 		}
 	}
 	return rep, errors.Join(errs...)
+}
+
+// removeStaleTemp removes a journal's temporary file (".tmp-<pid>-…", see
+// save) once its process is gone: an hpcvmm killed between writing it and
+// renaming it into place. Such a file never recorded a change that was
+// made, since a change is made only after its journal is in place.
+func removeStaleTemp(dir, name string) {
+	pidStr, _, ok := strings.Cut(strings.TrimPrefix(name, ".tmp-"), "-")
+	pid, err := strconv.Atoi(pidStr)
+	if !ok || err != nil || pid <= 0 {
+		return
+	}
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		_ = os.Remove(filepath.Join(dir, name))
+	}
+}
+
+// keep says why journal f must be left alone for now, "" when it may be
+// restored: in job epilog's Epilog, unless it is that job's; outside a job,
+// while the Slurm job it records still runs or Slurm cannot say.
+func keep(o Options, epilog string, f file) string {
+	if epilog != "" {
+		if f.SlurmJob == epilog {
+			return ""
+		}
+		if f.SlurmJob == "" {
+			return fmt.Sprintf("not of Slurm job %s; hpcvmm unbind outside a job restores it", epilog)
+		}
+		return fmt.Sprintf("Slurm job %s's, not job %s's; its own Epilog restores it", f.SlurmJob, epilog)
+	}
+	if f.SlurmJob == "" {
+		return ""
+	}
+	running, err := o.JobRunning(f.SlurmJob)
+	if err != nil {
+		return fmt.Sprintf("cannot tell whether Slurm job %s still runs: %v; its Epilog, or hpcvmm unbind once Slurm answers, restores it", f.SlurmJob, err)
+	}
+	if running {
+		return fmt.Sprintf("Slurm job %s still runs; its Epilog restores it", f.SlurmJob)
+	}
+	return ""
+}
+
+// readJournal reads and checks the journal at path: not a symbolic link,
+// owned by root or hpcvmm's user, not writable by others, parsed, and
+// every change of it valid. A journal that fails is refused whole, with an
+// error naming it.
+func readJournal(path string) (file, error) {
+	var f file
+	fd, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if errors.Is(err, unix.ELOOP) {
+		return f, fmt.Errorf("hoststate: journal %s is a symbolic link: remove it, and check the devices by hand", path)
+	}
+	if err != nil {
+		return f, fmt.Errorf("hoststate: read %s: %w", path, err)
+	}
+	defer fd.Close()
+	fi, err := fd.Stat()
+	if err != nil {
+		return f, fmt.Errorf("hoststate: read %s: %w", path, err)
+	}
+	if err := checkOwner(path, fi, false); err != nil {
+		return f, err
+	}
+	b, err := io.ReadAll(io.LimitReader(fd, maxJournal+1))
+	if err != nil {
+		return f, fmt.Errorf("hoststate: read %s: %w", path, err)
+	}
+	if len(b) > maxJournal {
+		return f, fmt.Errorf("hoststate: journal %s is larger than %d bytes, not one hpcvmm wrote: check the devices by hand, then remove it", path, maxJournal)
+	}
+	if err := json.Unmarshal(b, &f); err != nil {
+		return f, fmt.Errorf("hoststate: parse %s: %w (remove it after checking the devices by hand)", path, err)
+	}
+	if f.SlurmJob != "" && !slurm.ValidJobID(f.SlurmJob) {
+		return f, fmt.Errorf("hoststate: journal %s: slurm_job %q is not a job ID: check the devices by hand, then remove it", path, f.SlurmJob)
+	}
+	for _, c := range f.Changes {
+		if err := c.validate(); err != nil {
+			return f, fmt.Errorf("hoststate: journal %s: %v: not what hpcvmm writes; check the devices by hand, then remove it", path, err)
+		}
+	}
+	return f, nil
 }

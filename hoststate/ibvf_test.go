@@ -69,7 +69,7 @@ func TestSetVFIdentityJournaledAndRestored(t *testing.T) {
 
 	// The journal on disk has the original values, so a crash is undone by
 	// RestoreStale (hpcvmm unbind) from another process.
-	b, err := os.ReadFile(filepath.Join(state, "4242.json"))
+	b, err := os.ReadFile(j.Path())
 	require.NoError(t, err)
 	assert.Contains(t, string(b), `"original_port_guid": "00:00:00:00:00:00:00:00"`)
 	rep, err := RestoreStale(Options{StateDir: state, SysfsRoot: t.TempDir(), Netlink: pf, PID: 1})
@@ -77,7 +77,7 @@ func TestSetVFIdentityJournaledAndRestored(t *testing.T) {
 	require.Len(t, rep.Restored, 1)
 	assert.Equal(t, KindIBVF, rep.Restored[0].Kind)
 	assert.Equal(t, ibvf.Identity{Link: ibvf.LinkAuto}, pf.vfs[2], "zero GUIDs and auto link back")
-	_, err = os.Stat(filepath.Join(state, "4242.json"))
+	_, err = os.Stat(j.Path())
 	assert.True(t, os.IsNotExist(err), "journal removed once everything is undone")
 }
 

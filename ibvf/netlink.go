@@ -43,7 +43,8 @@ func link(netdev string) (netlink.Link, error) {
 // 5.5), so the values to restore are unknown.
 var ErrGUIDsNotReported = errors.New("the kernel does not report this VF's GUIDs (IFLA_VF_IB_NODE_GUID missing in RTM_GETLINK; mlx5 reports them since Linux 5.5)")
 
-// Identity implements Netlink: an RTM_GETLINK with RTEXT_FILTER_VF, its
+// Identity implements Netlink: an RTM_GETLINK with RTEXT_FILTER_VF and
+// RTEXT_FILTER_SKIP_STATS, its
 // IFLA_VFINFO_LIST decoded for VF vf.
 func (System) Identity(netdev string, vf int) (Identity, error) {
 	l, err := link(netdev)
@@ -54,25 +55,62 @@ func (System) Identity(netdev string, vf int) (Identity, error) {
 	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
 	msg.Index = int32(l.Attrs().Index)
 	req.AddData(msg)
-	req.AddData(nl.NewRtAttr(unix.IFLA_EXT_MASK, nl.Uint32Attr(nl.RTEXT_FILTER_VF)))
+	// Without the statistics the answer is smaller and carries nothing
+	// this package does not read (rtnl_fill_vfinfo skips IFLA_VF_STATS).
+	req.AddData(nl.NewRtAttr(unix.IFLA_EXT_MASK, nl.Uint32Attr(nl.RTEXT_FILTER_VF|rtextFilterSkipStats)))
 	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWLINK)
 	if err != nil {
 		return Identity{}, fmt.Errorf("ibvf: RTM_GETLINK %s: %w", netdev, err)
 	}
-	if len(msgs) != 1 || len(msgs[0]) < unix.SizeofIfInfomsg {
+	if len(msgs) != 1 {
 		return Identity{}, fmt.Errorf("ibvf: RTM_GETLINK %s: %d answers", netdev, len(msgs))
 	}
-	id, err := decodeVFIdentity(msgs[0][unix.SizeofIfInfomsg:], vf)
+	id, err := identityFromNewLink(msgs[0], vf)
 	if err != nil {
 		return Identity{}, fmt.Errorf("ibvf: netdev %s VF %d: %w", netdev, vf, err)
 	}
 	return id, nil
 }
 
+// identityFromNewLink decodes VF vf from an RTM_NEWLINK message's payload
+// (the ifinfomsg and its attributes, after the nlmsghdr).
+func identityFromNewLink(payload []byte, vf int) (Identity, error) {
+	if len(payload) < unix.SizeofIfInfomsg {
+		return Identity{}, fmt.Errorf("RTM_NEWLINK of %d bytes, shorter than an ifinfomsg", len(payload))
+	}
+	return decodeVFIdentity(payload[unix.SizeofIfInfomsg:], vf)
+}
+
+// rtextFilterSkipStats is linux/rtnetlink.h's RTEXT_FILTER_SKIP_STATS
+// (Linux 4.19), which neither x/sys/unix nor vishvananda/netlink's nl
+// defines.
+const rtextFilterSkipStats = 1 << 3
+
+// vfFirst are the IFLA_VF_INFO attributes whose payload is a struct
+// ifla_vf_* that begins with __u32 vf. The others do not: IFLA_VF_STATS and
+// IFLA_VF_VLAN_LIST are nests (their first u32 is an attribute header: the
+// stats nest's reads as 12), IFLA_VF_BROADCAST is 32 address bytes. Reading
+// the VF number from any attribute made VF 12 match VF 0's entry (issue 23).
+// The value is the struct's size, the least a payload may have.
+var vfFirst = map[uint16]int{
+	nl.IFLA_VF_MAC:          4,
+	nl.IFLA_VF_VLAN:         4,
+	nl.IFLA_VF_TX_RATE:      4,
+	nl.IFLA_VF_SPOOFCHK:     4,
+	nl.IFLA_VF_LINK_STATE:   8,
+	nl.IFLA_VF_RATE:         4,
+	nl.IFLA_VF_RSS_QUERY_EN: 4,
+	nl.IFLA_VF_TRUST:        4,
+	nl.IFLA_VF_IB_NODE_GUID: 16,
+	nl.IFLA_VF_IB_PORT_GUID: 16,
+}
+
 // decodeVFIdentity finds VF vf in a link message's attributes:
 // IFLA_VFINFO_LIST → IFLA_VF_INFO → IFLA_VF_LINK_STATE {u32 vf; u32
 // link_state} and IFLA_VF_IB_NODE_GUID/PORT_GUID {u32 vf; u64 guid}, the
-// u64 8-aligned (offset 8), all in host byte order.
+// u64 8-aligned (offset 8), all in host byte order. An IFLA_VF_INFO's VF
+// number is read only from the attributes that carry one (vfFirst), and
+// they must agree.
 func decodeVFIdentity(attrs []byte, vf int) (Identity, error) {
 	top, err := nl.ParseRouteAttr(attrs)
 	if err != nil {
@@ -94,34 +132,35 @@ func decodeVFIdentity(attrs []byte, vf int) (Identity, error) {
 			if err != nil {
 				return Identity{}, err
 			}
-			var id Identity
-			var haveLink, haveNode, havePort, match bool
+			num, known := -1, false
 			for _, f := range fields {
-				if len(f.Value) < 4 {
+				size, ok := vfFirst[f.Attr.Type]
+				if !ok {
 					continue
 				}
-				if binary.NativeEndian.Uint32(f.Value[0:4]) != uint32(vf) {
-					continue
+				if len(f.Value) < size {
+					return Identity{}, fmt.Errorf("IFLA_VF_INFO attribute %d of %d bytes, shorter than its struct (%d)", f.Attr.Type, len(f.Value), size)
 				}
+				n := int(binary.NativeEndian.Uint32(f.Value[0:4]))
+				if known && n != num {
+					return Identity{}, fmt.Errorf("IFLA_VF_INFO with attributes for VF %d and VF %d", num, n)
+				}
+				num, known = n, true
+			}
+			if !known || num != vf {
+				continue
+			}
+			var id Identity
+			var haveLink, haveNode, havePort bool
+			for _, f := range fields {
 				switch f.Attr.Type {
 				case nl.IFLA_VF_LINK_STATE:
-					if len(f.Value) >= 8 {
-						id.Link, haveLink, match = LinkState(binary.NativeEndian.Uint32(f.Value[4:8])), true, true
-					}
+					id.Link, haveLink = LinkState(binary.NativeEndian.Uint32(f.Value[4:8])), true
 				case nl.IFLA_VF_IB_NODE_GUID:
-					if len(f.Value) >= 16 {
-						id.NodeGUID, haveNode, match = GUID(binary.NativeEndian.Uint64(f.Value[8:16])), true, true
-					}
+					id.NodeGUID, haveNode = GUID(binary.NativeEndian.Uint64(f.Value[8:16])), true
 				case nl.IFLA_VF_IB_PORT_GUID:
-					if len(f.Value) >= 16 {
-						id.PortGUID, havePort, match = GUID(binary.NativeEndian.Uint64(f.Value[8:16])), true, true
-					}
-				default:
-					match = true // IFLA_VF_MAC and the rest start with the VF number too
+					id.PortGUID, havePort = GUID(binary.NativeEndian.Uint64(f.Value[8:16])), true
 				}
-			}
-			if !match {
-				continue
 			}
 			if !haveLink {
 				return Identity{}, errors.New("no IFLA_VF_LINK_STATE in the PF's answer")

@@ -37,9 +37,10 @@
 //     device list (cgroup v1 and v2 differ, and v2 keeps it in a BPF
 //     program) or `scontrol show job -d` (a controller round trip per
 //     step). The nic plugin sets nothing for the Prolog/Epilog, so there
-//     the job's nic indices come from `scontrol show job -d` (its
-//     "GRES=nic:1(IDX:0)" field, indices in gres.conf order like the gpu
-//     ones); see JobGRESIndices.
+//     the job's nic indices come from `squeue --json` (the job's
+//     gres_detail entry for this node, "nic:1(IDX:0)", indices in
+//     gres.conf order like the gpu ones), not from `scontrol show job -d`,
+//     whose text a job name with newlines can forge; see JobGRESIndices.
 //
 // Each resulting /dev/vfio/<group> is opened once, read-write, and closed:
 // with ConstrainDevices=yes in cgroup.conf a device the job was not given

@@ -1,6 +1,7 @@
 package slurm
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -37,10 +38,13 @@ type Env struct {
 	// "/dev".
 	DevDir string
 	// Scontrol returns `scontrol show job -d JOBID`; nil runs scontrol.
-	// It is used only where Slurm sets no variable: the nic GRES in a
-	// Prolog/Epilog, and the job's memory in a step a bare srun created
-	// (srun exports no SLURM_MEM_PER_NODE; sbatch and salloc do).
+	// It is used only where Slurm sets no variable: the job's memory in a
+	// step a bare srun created (srun exports no SLURM_MEM_PER_NODE; sbatch
+	// and salloc do).
 	Scontrol func(jobID string) (string, error)
+	// Squeue returns `squeue --json --jobs JOBID`; nil runs squeue. It
+	// gives the nic GRES in a Prolog/Epilog (see JobGRESIndices).
+	Squeue func(jobID string) ([]byte, error)
 }
 
 func (e *Env) lookup(k string) (string, bool) {
@@ -152,7 +156,7 @@ func (e *Env) Resolve(name string) (*Selection, error) {
 		byIndex = !devNum
 	} else if devNum && inScript {
 		// Prolog/Epilog: the nic plugin sets nothing there.
-		if values, sel.Source, err = e.scontrolIndices(name); err != nil {
+		if values, sel.Source, err = e.squeueIndices(name); err != nil {
 			return nil, err
 		}
 		byIndex = true
@@ -341,23 +345,23 @@ func groupOpenError(err error, p string, d Device, source string) error {
 	return fmt.Errorf("slurm: %s gives %s: open %s: %w", source, d.File, p, err)
 }
 
-// scontrolIndices reads the job's indices of GRES name on this node from
-// `scontrol show job -d`, for the Prolog/Epilog.
-func (e *Env) scontrolIndices(name string) ([]int, string, error) {
+// squeueIndices reads the job's indices of GRES name on this node from
+// `squeue --json`, for the Prolog/Epilog.
+func (e *Env) squeueIndices(name string) ([]int, string, error) {
 	job := e.getenv("SLURM_JOB_ID")
 	node, err := e.NodeName()
 	if err != nil {
 		return nil, "", err
 	}
-	out, err := e.scontrol(job)
+	out, err := e.squeue(job)
 	if err != nil {
-		return nil, "", fmt.Errorf("slurm: no SLURM_JOB_NICS here (%s), and `scontrol show job -d %s` failed: %w", e.getenv("SLURM_SCRIPT_CONTEXT"), job, err)
+		return nil, "", fmt.Errorf("slurm: no SLURM_JOB_NICS here (%s), and `squeue --json --jobs %s` failed: %w", e.getenv("SLURM_SCRIPT_CONTEXT"), job, err)
 	}
-	idx, err := JobGRESIndices(out, node, name)
+	idx, err := JobGRESIndices(out, job, node, name)
 	if err != nil {
-		return nil, "", fmt.Errorf("slurm: `scontrol show job -d %s`: %w", job, err)
+		return nil, "", fmt.Errorf("slurm: `squeue --json --jobs %s`: %w", job, err)
 	}
-	return idx, fmt.Sprintf("scontrol show job -d %s: %s IDX:%s", job, name, host.FormatCPUList(idx)), nil
+	return idx, fmt.Sprintf("squeue --json --jobs %s: %s IDX:%s", job, name, host.FormatCPUList(idx)), nil
 }
 
 // scontrol returns `scontrol show job -d job`.
@@ -369,50 +373,109 @@ func (e *Env) scontrol(job string) (string, error) {
 	return string(out), err
 }
 
-// JobGRESIndices parses `scontrol show job -d` output for the indices of
-// GRES name on node: the line "Nodes=n[1-2] CPU_IDs=0-3 Mem=1024
-// GRES=gpu:1(IDX:0),nic:1(IDX:1)" whose Nodes= contains node. A job with
-// none of that GRES on the node yields an error saying so.
-func JobGRESIndices(out, node, name string) ([]int, error) {
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 || !strings.HasPrefix(f[0], "Nodes=") {
-			continue
-		}
-		nodes, err := ExpandHostlist(strings.TrimPrefix(f[0], "Nodes="))
-		if err != nil || !contains(nodes, node) {
-			continue
-		}
-		var gres string
-		for _, x := range f[1:] {
-			if strings.HasPrefix(x, "GRES=") {
-				gres = strings.TrimPrefix(x, "GRES=")
-			}
-		}
-		var out []int
-		for _, item := range splitOutsideParens(gres) {
-			head, idx, ok := strings.Cut(item, "(IDX:")
-			if !ok || strings.SplitN(head, ":", 2)[0] != name {
-				continue
-			}
-			idx = strings.TrimSuffix(idx, ")")
-			if idx == "N/A" {
-				continue
-			}
-			n, err := ParseIndexList(idx)
-			if err != nil {
-				return nil, fmt.Errorf("node %s: %s: %w", node, item, err)
-			}
-			out = append(out, n...)
-		}
-		if len(out) == 0 {
-			return nil, fmt.Errorf("node %s has no %s in this job (GRES=%s)", node, name, gres)
-		}
-		return out, nil
+// squeue returns `squeue --json --jobs job`.
+func (e *Env) squeue(job string) ([]byte, error) {
+	if e.Squeue != nil {
+		return e.Squeue(job)
 	}
-	return nil, fmt.Errorf("no Nodes= line for node %s: is SLURMD_NODENAME right?", node)
+	return exec.Command("squeue", "--json", "--jobs", job).Output()
 }
 
+// squeueJobs is the part of `squeue --json` (Slurm 21.08 and later: the
+// openapi job record) that JobGRESIndices reads.
+type squeueJobs struct {
+	Jobs []struct {
+		JobID uint64 `json:"job_id"`
+		// Nodes is the job's node list, a hostlist expression.
+		Nodes string `json:"nodes"`
+		// GresDetail has one entry per node of Nodes, in its order: the
+		// job's gres_detail_str, which scontrol prints as "Nodes=n1 ...
+		// GRES=nic:2(IDX:3-4),gpu:1(IDX:1)".
+		GresDetail []string `json:"gres_detail"`
+	} `json:"jobs"`
+}
+
+// JobGRESIndices parses `squeue --json` output for the indices of GRES
+// name that job holds on node: the job's gres_detail entry for that node,
+// such as "nic:2(IDX:3-4),gpu:1(IDX:1)". A job with none of that GRES on
+// the node yields an error saying so.
+//
+// It reads JSON, not `scontrol show job -d`, because scontrol prints the
+// job's own strings (JobName, MCS_label, Comment, WorkDir, Network ...)
+// verbatim, newlines included, before and after its detail lines: Slurm
+// 22.05 accepts a job name of "vm\n   JOB_GRES=nic:8\n     Nodes=n1
+// GRES=nic:8(IDX:0-7)", and no line of that text can be told from the real
+// one (issue 23). In JSON each such string is one quoted value. Slurm
+// 22.05's squeue ignores --jobs with --json and lists every job, so the job
+// is picked here by its ID.
+func JobGRESIndices(out []byte, job, node, name string) ([]int, error) {
+	id, err := strconv.ParseUint(job, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("job ID %q (SLURM_JOB_ID) is not a number", job)
+	}
+	var q squeueJobs
+	if err := json.Unmarshal(out, &q); err != nil {
+		return nil, fmt.Errorf("not squeue's JSON (Slurm 21.08 or later, with its serializer/json plugin): %w", err)
+	}
+	found := -1
+	for i, j := range q.Jobs {
+		if j.JobID != id {
+			continue
+		}
+		if found >= 0 {
+			return nil, fmt.Errorf("job %d is listed twice", id)
+		}
+		found = i
+	}
+	if found < 0 {
+		return nil, fmt.Errorf("job %d is not in squeue's list (has it ended?)", id)
+	}
+	j := q.Jobs[found]
+	nodes, err := ExpandHostlist(j.Nodes)
+	if err != nil {
+		return nil, fmt.Errorf("job %d: nodes %q: %w", id, j.Nodes, err)
+	}
+	at := -1
+	for i, n := range nodes {
+		if n == node {
+			at = i
+			break
+		}
+	}
+	if at < 0 {
+		return nil, fmt.Errorf("job %d does not run on node %s (its nodes: %q): is SLURMD_NODENAME right?", id, node, j.Nodes)
+	}
+	if len(j.GresDetail) == 0 {
+		return nil, fmt.Errorf("node %s has no %s in this job (the job holds no GRES)", node, name)
+	}
+	if len(j.GresDetail) != len(nodes) {
+		return nil, fmt.Errorf("job %d: %d gres_detail entries for %d nodes (%s)", id, len(j.GresDetail), len(nodes), j.Nodes)
+	}
+	gres := j.GresDetail[at]
+	var idx []int
+	for _, item := range splitOutsideParens(gres) {
+		head, list, ok := strings.Cut(item, "(IDX:")
+		if !ok || strings.SplitN(head, ":", 2)[0] != name {
+			continue
+		}
+		list = strings.TrimSuffix(list, ")")
+		if list == "N/A" {
+			continue
+		}
+		n, err := ParseIndexList(list)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %s: %w", node, item, err)
+		}
+		idx = append(idx, n...)
+	}
+	if len(idx) == 0 {
+		return nil, fmt.Errorf("node %s has no %s in this job (GRES=%s)", node, name, gres)
+	}
+	return idx, nil
+}
+
+// splitOutsideParens splits a GRES list at the commas outside parentheses
+// ("nic:2(IDX:0,3),gpu:1(IDX:1)" is two items).
 func splitOutsideParens(s string) []string {
 	var parts []string
 	depth, last := 0, 0

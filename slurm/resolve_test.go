@@ -157,7 +157,7 @@ func TestGroupOpenErrors(t *testing.T) {
 	assert.True(t, errors.Is(groupOpenError(unix.EIO, "/dev/vfio/41", d, "x"), unix.EIO))
 }
 
-func TestResolveInPrologUsesScontrol(t *testing.T) {
+func TestResolveInPrologUsesSqueue(t *testing.T) {
 	n := newSlurmNode(t, nodeGres)
 	n.env["SLURM_SCRIPT_CONTEXT"] = "prolog_slurmd"
 	n.env["SLURM_JOB_GPUS"] = "0"
@@ -165,9 +165,9 @@ func TestResolveInPrologUsesScontrol(t *testing.T) {
 	n.tree.Remove("dev/vfio")
 	env := n.Env()
 	var asked string
-	env.Scontrol = func(id string) (string, error) {
+	env.Squeue = func(id string) ([]byte, error) {
 		asked = id
-		return "JobId=77 JobName=vm\n   NumNodes=2 NumCPUs=4\n     Nodes=n[1-2] CPU_IDs=0-1 Mem=1024 GRES=gpu:1(IDX:0),nic:1(IDX:1)\n   MinCPUsNode=1\n", nil
+		return []byte(`{"jobs":[{"job_id":76,"nodes":"n1","gres_detail":["nic:2(IDX:0-1)"]},{"job_id":77,"name":"vm","nodes":"n[1-2]","gres_detail":["gpu:1(IDX:0),nic:1(IDX:1)","gpu:1(IDX:0),nic:1(IDX:0)"]}]}`), nil
 	}
 	gpus, err := env.Resolve(GPU)
 	require.NoError(t, err)
@@ -179,17 +179,26 @@ func TestResolveInPrologUsesScontrol(t *testing.T) {
 }
 
 func TestJobGRESIndices(t *testing.T) {
-	out := "JobId=5\n     Nodes=n1 CPU_IDs=0-3 Mem=0 GRES=gpu:h100:2(IDX:0,2),nic:2(IDX:0-1)\n     Nodes=n[2-3] CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:3)\n"
-	idx, err := JobGRESIndices(out, "n1", "gpu")
+	out := []byte(`{"jobs":[{"job_id":5,"nodes":"n[1-3]","gres_detail":["gpu:h100:2(IDX:0,2),nic:2(IDX:0-1)","gpu:1(IDX:3)","gpu:1(IDX:3),nic(CNT:1)"]}]}`)
+	idx, err := JobGRESIndices(out, "5", "n1", "gpu")
 	require.NoError(t, err)
 	assert.Equal(t, []int{0, 2}, idx)
-	idx, err = JobGRESIndices(out, "n1", "nic")
+	idx, err = JobGRESIndices(out, "5", "n1", "nic")
 	require.NoError(t, err)
 	assert.Equal(t, []int{0, 1}, idx)
-	_, err = JobGRESIndices(out, "n3", "nic")
+	idx, err = JobGRESIndices(out, "5", "n2", "gpu")
+	require.NoError(t, err)
+	assert.Equal(t, []int{3}, idx)
+	_, err = JobGRESIndices(out, "5", "n3", "nic")
 	assert.ErrorContains(t, err, "node n3 has no nic in this job")
-	_, err = JobGRESIndices(out, "n9", "gpu")
-	assert.ErrorContains(t, err, "no Nodes= line for node n9")
+	_, err = JobGRESIndices(out, "5", "n9", "gpu")
+	assert.ErrorContains(t, err, "job 5 does not run on node n9")
+	_, err = JobGRESIndices([]byte(`{"jobs":[{"job_id":5,"nodes":"n[1-3]","gres_detail":["gpu:1(IDX:3)"]}]}`), "5", "n1", "gpu")
+	assert.ErrorContains(t, err, "1 gres_detail entries for 3 nodes")
+	_, err = JobGRESIndices([]byte("JobId=5 JobName=x\n"), "5", "n1", "gpu")
+	assert.ErrorContains(t, err, "not squeue's JSON")
+	_, err = JobGRESIndices(out, "x", "n1", "gpu")
+	assert.ErrorContains(t, err, "SLURM_JOB_ID")
 }
 
 func TestGuestMemory(t *testing.T) {

@@ -91,7 +91,7 @@ func CheckGroupViable(h *host.Host, dev *host.Device) error {
 	if err != nil {
 		return fmt.Errorf("vfio: %s: %w", dev.BDF, err)
 	}
-	var bad []string
+	var bad, used []string
 	for _, m := range members {
 		if m == dev.BDF {
 			continue
@@ -100,9 +100,19 @@ func CheckGroupViable(h *host.Host, dev *host.Device) error {
 		if err != nil {
 			return fmt.Errorf("vfio: %s: IOMMU group %d member: %w", dev.BDF, dev.IOMMUGroup, err)
 		}
-		if !groupMemberOK(md) {
-			bad = append(bad, fmt.Sprintf("%s (driver %s)", m, md.Driver))
+		if groupMemberOK(md) {
+			continue
 		}
+		if err := CheckHostUse(h, m); err != nil {
+			used = append(used, fmt.Sprintf("%s (driver %s: %v)", m, md.Driver, err))
+			continue
+		}
+		bad = append(bad, fmt.Sprintf("%s (driver %s)", m, md.Driver))
+	}
+	if len(used) > 0 {
+		// The group goes to the VM as a whole: a member the host uses
+		// cannot follow, so neither can this device.
+		return fmt.Errorf("vfio: %s: IOMMU group %d is not viable and cannot be made so: %s", dev.BDF, dev.IOMMUGroup, strings.Join(used, "; "))
 	}
 	if len(bad) > 0 {
 		return fmt.Errorf("vfio: %s: IOMMU group %d is not viable: %s share(s) the group and are bound to host drivers; pass them through too, or bind them to vfio-pci (hpcvmm bind %s), or unbind them",
@@ -154,6 +164,9 @@ func CheckDevice(h *host.Host, sp Spec, allowBind bool) (dev *host.Device, bound
 		return nil, false, err
 	}
 	if !host.IsVFIODriver(dev.Driver) {
+		if err := CheckHostUse(h, dev.BDF); err != nil {
+			return nil, false, fmt.Errorf("%s %s: %w", flag, sp.BDF, err)
+		}
 		if dev.Driver != "" && !allowBind {
 			return nil, false, fmt.Errorf("%s %s: in use by the host driver %s; let hpcvmm rebind it to vfio-pci for this VM and back afterwards (Passthrough.Bind; hpcvmm run --bind), or run hpcvmm bind %s", flag, sp.BDF, dev.Driver, sp.BDF)
 		}
@@ -163,6 +176,23 @@ func CheckDevice(h *host.Host, sp Spec, allowBind bool) (dev *host.Device, bound
 		return dev, false, nil
 	}
 	return dev, true, nil
+}
+
+// CheckHostUse refuses a function the host itself uses (host.DeviceUse):
+// a network interface that is up, routes or carries an address, a block
+// device that is mounted, stacked on or swapped to. Taking it from its
+// driver would cut the node off its network or pull its disk out from
+// under the running system (issue 23), so it is refused with what the
+// host uses, before anything changes.
+func CheckHostUse(h *host.Host, b host.BDF) error {
+	u, err := h.DeviceUse(b)
+	if err != nil {
+		return fmt.Errorf("cannot tell whether the host uses it: %w", err)
+	}
+	if u.Busy() {
+		return fmt.Errorf("the host uses it: %s; taking it from its driver would take that from the host: pass another device (hpcvmm devices), or end that use on the host first", u)
+	}
+	return nil
 }
 
 // nvidiaVendor is NVIDIA's PCI vendor ID.

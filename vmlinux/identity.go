@@ -26,7 +26,9 @@ import (
 // alone for RecordAfter: the kernel's file timestamps advance in clock ticks,
 // so a change made within the tick of the hash would keep the identity.
 // Records live in the cache directory, whose ownership OpenCache checks, so
-// nobody else can forge one.
+// nobody else can forge one. A bzImage's record is trusted only for a file
+// that no one but root and hpcvmm's user can write (KeyFor): for another
+// writer's file the identity proves nothing.
 
 // RecordAfter is how long a file must have gone unchanged before the cache
 // records its identity (see above): a launch within RecordAfter of the
@@ -66,6 +68,16 @@ func identityOf(fi fs.FileInfo) (identity, bool) {
 	}
 	newest := time.Unix(0, max(id.mtimeNs, id.ctimeNs))
 	return id, time.Since(newest) >= racyWindow
+}
+
+// onlyWeWrite reports whether fi is a file only root and hpcvmm's user can
+// write: owned by one of them, not writable by group or others.
+func onlyWeWrite(fi fs.FileInfo) bool {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return false
+	}
+	return (st.Uid == 0 || st.Uid == uint32(os.Geteuid())) && fi.Mode().Perm()&0o022 == 0
 }
 
 func (id identity) String() string {
@@ -147,8 +159,16 @@ func (c *Cache) keyRecordPath(id identity) string {
 // mapped through). When the cache has recorded the key of a file with the
 // same identity it is returned without hashing (hashed false); otherwise
 // the bytes are hashed and, once the file has settled, the key recorded.
+//
+// Only a bzImage that no one but root and hpcvmm's user can write has its
+// identity trusted (onlyWeWrite): another writer can change the bytes
+// without changing the identity (a write through a shared writable mapping
+// to a page already dirty does not update the times; a FUSE file system's
+// owner reports whatever identity it likes), and the key would then name
+// bytes this launch never hashed.
 func (c *Cache) KeyFor(bzImage []byte, fi fs.FileInfo) (key Key, hashed bool) {
 	id, settled := identityOf(fi)
+	settled = settled && onlyWeWrite(fi)
 	if settled && id.size == int64(len(bzImage)) {
 		if lines := readRecord(c.keyRecordPath(id)); len(lines) == 2 && lines[0] == id.String() {
 			if b, err := hex.DecodeString(lines[1]); err == nil && len(b) == len(key) {

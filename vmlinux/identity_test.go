@@ -158,3 +158,53 @@ func TestEvictTakesRecordsAlong(t *testing.T) {
 		assert.ErrorIs(t, err, os.ErrNotExist, p)
 	}
 }
+
+// TestKeyForTrustsRecordsOnlyOfFilesOthersCannotWrite: a bzImage another
+// user can write (owned by them, or group/other-writable) can change its
+// bytes without changing the identity the record holds (through a shared
+// writable mapping, whose writes do not always update the file's times, or
+// a FUSE file system whose owner reports any identity), so its key is
+// hashed at every launch and never recorded; a file only root or hpcvmm's
+// user can write keeps its record.
+func TestKeyForTrustsRecordsOnlyOfFilesOthersCannotWrite(t *testing.T) {
+	settleAtOnce(t)
+	c := openTestCache(t, 0)
+	img := []byte(strings.Repeat("bzImage ", 1000))
+	for _, tc := range []struct {
+		name    string
+		mode    os.FileMode
+		uid     int
+		trusted bool
+	}{
+		{"ours 0644", 0o644, os.Geteuid(), true},
+		{"ours 0664", 0o664, os.Geteuid(), false},
+		{"ours 0646", 0o646, os.Geteuid(), false},
+		{"another user's 0644", 0o644, 4242, false},
+	} {
+		path := filepath.Join(t.TempDir(), "vmlinuz")
+		require.NoError(t, os.WriteFile(path, img, 0o644))
+		require.NoError(t, os.Chmod(path, tc.mode))
+		if tc.uid != os.Geteuid() {
+			if os.Geteuid() != 0 {
+				t.Logf("%s: not root, cannot give the file away; case not run", tc.name)
+				continue
+			}
+			require.NoError(t, os.Chown(path, tc.uid, -1))
+		}
+		fi, err := os.Stat(path)
+		require.NoError(t, err)
+		key, hashed := c.KeyFor(img, fi)
+		assert.True(t, hashed, tc.name)
+		assert.Equal(t, KeyOf(img), key, tc.name)
+		_, hashed = c.KeyFor(img, fi)
+		assert.Equal(t, !tc.trusted, hashed, "%s: hashed again", tc.name)
+		_, err = os.Lstat(c.keyRecordPath(mustIdentity(t, fi)))
+		assert.Equal(t, tc.trusted, err == nil, "%s: record written", tc.name)
+	}
+}
+
+func mustIdentity(t *testing.T, fi os.FileInfo) identity {
+	id, ok := identityOf(fi)
+	require.True(t, ok)
+	return id
+}

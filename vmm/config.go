@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hpcvmm/hpcvmm/guestmem"
+	"github.com/hpcvmm/hpcvmm/virtio/console"
 	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
 
@@ -80,6 +81,11 @@ type Config struct {
 	Stdin io.Reader
 	// Stdout receives the guest's console output; nil means os.Stdout.
 	Stdout io.Writer
+	// ConsolePorts are named virtio-console ports 1..N besides the
+	// console (the guest's /dev/vportNpM, found by
+	// /sys/class/virtio-ports/*/name): byte streams with back-pressure and
+	// end of stream both ways. Only with the virtio console.
+	ConsolePorts []console.Port
 	// PrefaultWorkers is the number of threads that fault guest RAM in
 	// before the guest starts, each pinned to its own CPU of the guest's
 	// node; at most the node's CPUs this process may run on. 0 means all of
@@ -225,6 +231,12 @@ func (c *Config) Validate() error {
 	case "", ConsoleVirtio, ConsoleSerial, ConsoleNone:
 	default:
 		errs = append(errs, fieldErr("Console", "unknown console %q: use virtio, serial or none", c.Console))
+	}
+	if len(c.ConsolePorts) > 0 && c.Console != "" && c.Console != ConsoleVirtio {
+		errs = append(errs, fieldErr("ConsolePorts", "%d named ports need the virtio console, not %q", len(c.ConsolePorts), c.Console))
+	}
+	if err := console.ValidatePorts(c.ConsolePorts); err != nil {
+		errs = append(errs, fieldErr("ConsolePorts", "%v", err))
 	}
 	if !validSeccomp(c.Seccomp) {
 		errs = append(errs, fieldErr("Seccomp", "%q: want on, off or log", c.Seccomp))

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hpcvmm/hpcvmm/guestmem"
+	"github.com/hpcvmm/hpcvmm/virtio/console"
 )
 
 func validConfig(t *testing.T) Config {
@@ -63,6 +64,12 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"bad node", func(c *Config) { c.NUMANode = -7 }, "NUMANode", "not a node"},
 		{"duplicate cpu", func(c *Config) { c.CPUList = []int{1, 1} }, "CPUList", "twice"},
 		{"bad console", func(c *Config) { c.Console = "vga" }, "Console", "unknown console"},
+		{"bad bridge name", func(c *Config) { c.Nets = []NetConfig{{TAP: "t0", Bridge: "br/0"}} }, "Nets", "bridge=br/0"},
+		{"ports without virtio console", func(c *Config) {
+			c.Console = ConsoleSerial
+			c.ConsolePorts = []console.Port{{Name: "a"}}
+		}, "ConsolePorts", "need the virtio console"},
+		{"duplicate port name", func(c *Config) { c.ConsolePorts = []console.Port{{Name: "a"}, {Name: "a"}} }, "ConsolePorts", `ports[1]: name "a" used twice`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

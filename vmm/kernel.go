@@ -53,9 +53,10 @@ type kernelImage struct {
 // a goroutine.
 func (vm *VM) openKernel() (_ *kernelImage, err error) {
 	cfg := &vm.cfg
-	// Mapped, not read: the image never lands on hpcvmm's heap (part of
-	// the VMM's own memory at the guest's /init otherwise).
-	image, info, unmap, err := mapFileInfo(cfg.Kernel)
+	// One private copy, hashed, parsed and decompressed alike (readSealed
+	// says why), off hpcvmm's heap (part of the VMM's own memory at the
+	// guest's /init otherwise).
+	image, info, unmap, err := readSealed(cfg.Kernel)
 	if err != nil {
 		return nil, fieldErr("Kernel", "%v", err)
 	}
@@ -101,6 +102,11 @@ func (vm *VM) openKernel() (_ *kernelImage, err error) {
 	return ki, nil
 }
 
+// kernelKeyed, when set (tests), runs between the cache key's hash and the
+// lookup or decompression: the window a user who can write the kernel file
+// would race.
+var kernelKeyed func()
+
 // prepare finds the vmlinux for bz (parsed from image, the file info) in
 // the cache, or decompresses and caches it, and parses it for Load. A cache entry that fails its checks
 // is logged and replaced; a cache that cannot be written only costs the
@@ -112,6 +118,9 @@ func (ki *kernelImage) prepare(vm *VM, cache *vmlinux.Cache, bz *boot.Kernel, im
 	// is the one recorded for this very file.
 	key, hashed := cache.KeyFor(image, info)
 	vm.log.Debug("kernel cache key", "sha256_of_bzimage", key.String(), "hashed", hashed, "in", time.Since(start).Round(time.Millisecond))
+	if kernelKeyed != nil {
+		kernelKeyed()
+	}
 	path := cache.Path(key)
 	var data []byte
 	e, err := cache.Get(key)

@@ -1,6 +1,8 @@
 package vmm
 
 import (
+	"bytes"
+	"compress/gzip"
 	"io"
 	"log/slog"
 	"os"
@@ -10,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/hpcvmm/hpcvmm/host/hosttest"
+	"github.com/hpcvmm/hpcvmm/boot/boottest"
 	"github.com/hpcvmm/hpcvmm/vmlinux"
 )
 
@@ -22,12 +24,9 @@ import (
 func TestOpenKernel(t *testing.T) {
 	bz := synthKernel(t)
 	cacheDir := filepath.Join(t.TempDir(), "kernels")
-	// A host with hardware KVM, whatever this machine's backend is.
-	tr := hosttest.New(t)
-	tr.KVM()
-	tr.Write("sys/module/kvm_intel/parameters/nested", "Y\n")
+	sys, proc := hardwareKVMHost(t)
 	open := func(cfg Config) (*kernelImage, error) {
-		cfg.SysfsRoot, cfg.ProcfsRoot = tr.Sys(), tr.Proc()
+		cfg.SysfsRoot, cfg.ProcfsRoot = sys, proc
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 		vm := &VM{cfg: cfg, log: cfg.Logger}
 		return vm.openKernel()
@@ -103,4 +102,67 @@ func TestOpenKernel(t *testing.T) {
 	require.ErrorAs(t, err, &fe)
 	assert.Equal(t, "Kernel", fe.Field)
 	assert.ErrorContains(t, err, bad)
+}
+
+// TestKernelCacheKeepsTheBzImageItHashed: a user who can write the kernel
+// file rewrites it between the cache key's hash and the decompression (a
+// root launch racing that user, driven here by the kernelKeyed seam). The
+// entry cached under the genuine bzImage's key must still be the genuine
+// vmlinux, or every later VM booting the genuine bzImage on the node would
+// run the user's kernel; the launch itself boots the bytes it hashed.
+func TestKernelCacheKeepsTheBzImageItHashed(t *testing.T) {
+	elf, err := os.ReadFile("../vmlinux/testdata/vmlinux.elf")
+	require.NoError(t, err)
+	evilELF := bytes.Clone(elf)
+	evilELF[0x1000+64] ^= 0xff // a byte of the PT_LOAD segment's code
+	bzOf := func(vmlinux []byte) []byte {
+		var gz bytes.Buffer
+		// Stored blocks: the two payloads have the same length, so the
+		// rewrite changes only the kernel, not the header's payload_length.
+		w, err := gzip.NewWriterLevel(&gz, gzip.NoCompression)
+		require.NoError(t, err)
+		_, err = w.Write(vmlinux)
+		require.NoError(t, err)
+		require.NoError(t, w.Close())
+		const payloadOffset = 0x80
+		protected := make([]byte, payloadOffset+gz.Len())
+		copy(protected[payloadOffset:], gz.Bytes())
+		return boottest.BzImage(protected, payloadOffset, uint32(gz.Len()))
+	}
+	genuine, evil := bzOf(elf), bzOf(evilELF)
+	require.Len(t, evil, len(genuine), "the rewrite keeps the file's size")
+	path := filepath.Join(t.TempDir(), "bzImage")
+	require.NoError(t, os.WriteFile(path, genuine, 0o644))
+
+	rewrites := 0
+	kernelKeyed = func() {
+		rewrites++
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		require.NoError(t, err)
+		_, err = f.WriteAt(evil, 0)
+		require.NoError(t, err)
+		require.NoError(t, f.Close())
+	}
+	t.Cleanup(func() { kernelKeyed = nil })
+
+	cacheDir := filepath.Join(t.TempDir(), "kernels")
+	cfg := Config{Kernel: path, KernelCache: cacheDir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	cfg.SysfsRoot, cfg.ProcfsRoot = hardwareKVMHost(t)
+	vm := &VM{cfg: cfg, log: cfg.Logger}
+	ki, err := vm.openKernel()
+	require.NoError(t, err)
+	k, err := ki.wait()
+	require.NoError(t, err)
+	require.Equal(t, 1, rewrites, "the file was rewritten between hashing and decompressing")
+	require.NotNil(t, k.ELF)
+	seg := k.ELF.Segments[0].Data
+	assert.True(t, bytes.Equal(elf[0x1000:0x1000+len(seg)], seg), "the launch boots the bytes it hashed")
+	ki.release()
+
+	c, err := vmlinux.OpenCache(cacheDir, 0)
+	require.NoError(t, err)
+	e, err := c.Get(vmlinux.KeyOf(genuine))
+	require.NoError(t, err)
+	defer e.Close()
+	assert.True(t, bytes.Equal(elf, e.Bytes()), "the entry under the genuine bzImage's key is the genuine vmlinux")
 }

@@ -13,6 +13,16 @@ import (
 	"github.com/hpcvmm/hpcvmm/host/hosttest"
 )
 
+// hardwareKVMHost is a host tree with hardware KVM (kvm_intel), whatever
+// this machine's backend is: tests of the kernel step, which refuses a
+// kvm_pvm host before it decompresses anything, run on it.
+func hardwareKVMHost(t *testing.T) (sysRoot, procRoot string) {
+	tr := hosttest.New(t)
+	tr.KVM()
+	tr.Write("sys/module/kvm_intel/parameters/nested", "Y\n")
+	return tr.Sys(), tr.Proc()
+}
+
 // TestKVMBackendRefusedBeforeDecompression: on a kvm_pvm host (which boots
 // no stock kernel) a bzImage to decompress is refused with preflight's KVM
 // report before the decompression starts: nothing is written to the kernel

@@ -33,6 +33,11 @@ type NetConfig struct {
 	Queues int
 	// Vhost is VhostAuto, VhostOn or VhostOff.
 	Vhost string
+	// Bridge, when set, is an existing host bridge the TAP is attached
+	// to. Only a TAP hpcvmm creates is attached (the kernel removes it,
+	// and its bridge port, when hpcvmm exits or is killed); an existing
+	// TAP must already be on the bridge.
+	Bridge string
 }
 
 // netSlot0 is the PCI slot of the first virtio-net function; interfaces
@@ -70,6 +75,11 @@ func (c *Config) validateNets() []error {
 		default:
 			errs = append(errs, fieldErr("Nets", "%s: vhost=%q: use on or off", where, n.Vhost))
 		}
+		if n.Bridge != "" {
+			if err := virtionet.ValidateTAPName(n.Bridge); err != nil {
+				errs = append(errs, fieldErr("Nets", "%s: bridge=%s: %v", where, n.Bridge, err))
+			}
+		}
 	}
 	return errs
 }
@@ -81,11 +91,25 @@ func (vm *VM) addNets() error {
 	for _, r := range vm.mem.Regions() {
 		regions = append(regions, uapi.VhostRegion{GPA: r.GPA, Data: r.Data})
 	}
+	// Every bridge is checked before the first TAP is created.
+	for i, n := range vm.cfg.Nets {
+		if n.Bridge != "" {
+			if err := virtionet.CheckBridge(n.TAP, n.Bridge); err != nil {
+				return fieldErr("Nets", "interface %d: %v", i, err)
+			}
+		}
+	}
 	for i, n := range vm.cfg.Nets {
 		queues := max(n.Queues, 1)
 		tap, err := virtionet.OpenTAP(n.TAP, queues)
 		if err != nil {
 			return fieldErr("Nets", "interface %d: %v", i, err)
+		}
+		if n.Bridge != "" {
+			if err := tap.SetBridge(n.Bridge); err != nil {
+				tap.Close() // a TAP hpcvmm created goes away with it
+				return fieldErr("Nets", "interface %d: %v", i, err)
+			}
 		}
 		mtu, err := tap.MTU()
 		if err != nil {
@@ -127,7 +151,7 @@ func (vm *VM) addNets() error {
 			return err
 		}
 		vhost, why := dev.Vhost()
-		vm.log.Info("virtio-net", "tap", n.TAP, "created", tap.Created(), "mac", dev.MAC().String(),
+		vm.log.Info("virtio-net", "tap", n.TAP, "created", tap.Created(), "bridge", n.Bridge, "mac", dev.MAC().String(),
 			"queues", queues, "mtu", mtu, "vhost", vhost, "why_not_vhost", why,
 			"vhost_worker_cpus", host.FormatCPUList(opts.WorkerCPUs))
 	}

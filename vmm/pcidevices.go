@@ -61,6 +61,7 @@ func (vm *VM) addPCI(physBits int) error {
 		con, err := console.New(vm.cfg.Stdin, vm.cfg.Stdout, console.Options{
 			Rows: vm.cfg.ConsoleRows, Cols: vm.cfg.ConsoleCols,
 			OnError: func(err error) { vm.refusals.Refuse("virtio-console", err) },
+			Ports:   vm.cfg.ConsolePorts,
 		})
 		if err != nil {
 			return fmt.Errorf("virtio-console: %w", err)

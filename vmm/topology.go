@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/pci"
@@ -209,9 +210,38 @@ func (vm *VM) writeNCCLTopology(supported []uapi.CPUIDEntry) error {
 	if err := plan.WriteNCCLTopology(&b, cpu); err != nil {
 		return err
 	}
-	if err := os.WriteFile(vm.cfg.NCCLTopoFile, b.Bytes(), 0o644); err != nil {
-		return fmt.Errorf("NCCL topology file: %w", err)
+	if err := writeReplacing(vm.cfg.NCCLTopoFile, b.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("NCCL topology file %s: %w", vm.cfg.NCCLTopoFile, err)
 	}
 	vm.log.Info("NCCL topology written", "file", vm.cfg.NCCLTopoFile)
 	return nil
+}
+
+// writeReplacing writes data to a new file beside path (created with
+// O_EXCL, so never through a symlink or over an existing file) and renames
+// it over path. os.WriteFile follows a symlink planted at the path: hpcvmm
+// runs as root and the path is the user's, so it wrote whatever file the
+// link named (issue 23). rename(2) replaces a symlink at path itself, and
+// in a sticky directory (/tmp) refuses to replace another user's entry.
+func writeReplacing(path string, data []byte, perm os.FileMode) (err error) {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
+	if err := f.Chmod(perm); err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
 }

@@ -150,16 +150,19 @@ func writeGuestTree(w io.Writer, h *host.Host, gpus, vfs []string) error {
 
 // deviceRow is one device in `hpcvmm devices --json`.
 type deviceRow struct {
-	BDF          string      `json:"bdf"`
-	Vendor       string      `json:"vendor"`
-	Device       string      `json:"device"`
-	Class        string      `json:"class"`
-	ClassName    string      `json:"class_name"`
-	Driver       string      `json:"driver"`
-	NUMANode     int         `json:"numa_node"`
-	IOMMUGroup   int         `json:"iommu_group"`
-	ResetMethods []string    `json:"reset_methods"`
-	VFs          []deviceRow `json:"vfs,omitempty"`
+	BDF          string   `json:"bdf"`
+	Vendor       string   `json:"vendor"`
+	Device       string   `json:"device"`
+	Class        string   `json:"class"`
+	ClassName    string   `json:"class_name"`
+	Driver       string   `json:"driver"`
+	NUMANode     int      `json:"numa_node"`
+	IOMMUGroup   int      `json:"iommu_group"`
+	ResetMethods []string `json:"reset_methods"`
+	// HostUse says what the host uses the function for (its NIC, its
+	// disks): such a function is not for passthrough.
+	HostUse []string    `json:"host_use,omitempty"`
+	VFs     []deviceRow `json:"vfs,omitempty"`
 }
 
 func rowOf(d *host.Device) deviceRow {
@@ -200,15 +203,33 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	rows := make([]deviceRow, 0, len(devs))
-	for _, d := range devs {
+	withUse := func(d *host.Device) (deviceRow, error) {
 		r := rowOf(d)
+		if host.IsVFIODriver(d.Driver) {
+			return r, nil
+		}
+		u, err := h.DeviceUse(d.BDF)
+		r.HostUse = u.Reasons()
+		return r, err
+	}
+	for _, d := range devs {
+		r, err := withUse(d)
+		if err != nil {
+			fmt.Fprintf(stderr, "hpcvmm devices: %v\n", err)
+			return 1
+		}
 		for _, v := range d.VirtFns {
 			vd, err := h.Device(v)
 			if err != nil {
 				fmt.Fprintf(stderr, "hpcvmm devices: VF %s of %s: %v\n", v, d.BDF, err)
 				return 1
 			}
-			r.VFs = append(r.VFs, rowOf(vd))
+			vr, err := withUse(vd)
+			if err != nil {
+				fmt.Fprintf(stderr, "hpcvmm devices: %v\n", err)
+				return 1
+			}
+			r.VFs = append(r.VFs, vr)
 		}
 		rows = append(rows, r)
 	}
@@ -240,8 +261,12 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 		return strconv.Itoa(n)
 	}
 	line := func(prefix string, r deviceRow, vfs string) {
-		fmt.Fprintf(tw, "%s%s\t%s:%s\t%s\t%s\t%s\t%s\t%s\t%s\n", prefix, r.BDF, r.Vendor, r.Device, r.ClassName,
-			num(r.NUMANode), num(r.IOMMUGroup), dash(r.Driver), dash(strings.Join(r.ResetMethods, ",")), vfs)
+		use := ""
+		if len(r.HostUse) > 0 {
+			use = "\tthe host uses it, not for passthrough: " + strings.Join(r.HostUse, "; ")
+		}
+		fmt.Fprintf(tw, "%s%s\t%s:%s\t%s\t%s\t%s\t%s\t%s\t%s%s\n", prefix, r.BDF, r.Vendor, r.Device, r.ClassName,
+			num(r.NUMANode), num(r.IOMMUGroup), dash(r.Driver), dash(strings.Join(r.ResetMethods, ",")), vfs, use)
 	}
 	for _, r := range rows {
 		nvf := "-"

@@ -295,3 +295,19 @@ func TestSeccompFlag(t *testing.T) {
 	assert.Equal(t, 2, c.parse([]string{"--seccomp=strict"}, &out, &errOut))
 	assert.Contains(t, errOut.String(), "--seccomp")
 }
+
+// TestUnbindRefusesALooseStateDirectory: `hpcvmm unbind` with a state
+// directory others can write refuses it in one line naming the directory
+// and the fix (exit 1: the host, not the input, is wrong), and lists
+// nothing as restored.
+func TestUnbindRefusesALooseStateDirectory(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.Chmod(dir, 0o777))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "1-00.json"), []byte(`{"pid":1,"changes":[]}`), 0o600))
+	rc, out, errs := hpcvmm("unbind", "--state-dir", dir)
+	assert.Equal(t, 1, rc, errs)
+	assert.NotContains(t, out, "restored:")
+	assert.Equal(t, 1, strings.Count(errs, "\n"), errs)
+	assert.Contains(t, errs, "hpcvmm unbind: hoststate: state directory "+dir)
+	assert.Contains(t, errs, "chmod go-w "+dir)
+}

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
+	"os"
+	"path/filepath"
 
 	"github.com/spf13/pflag"
 
@@ -40,6 +44,8 @@ func runBind(args []string, stdout, stderr io.Writer) int {
 	var p vmm.PassthroughConfig
 	g.Var((*stringList)(&p.GPUs), "gpu", "`BDF|slurm`: a device to bind; slurm: the job's gpu GRES (repeatable)")
 	g.Var((*stringList)(&p.VFs), "vf", "`BDF|slurm[,IB-OPTIONS]`: a VF to bind, with the InfiniBand identity to set; slurm: the job's nic GRES (repeatable)")
+	force := g.Bool("force", false, "rebind even a device the host uses (a network interface that is up, routes or has an address; a mounted, stacked or swap disk): without it such a device is refused")
+	sysRoot, procRoot := hostRootFlags(c)
 	c.done()
 	if rc := c.parse(args, stdout, stderr); rc >= 0 {
 		return rc
@@ -49,7 +55,7 @@ func runBind(args []string, stdout, stderr io.Writer) int {
 		return c.usageError(stderr, "no device given: name the PCI functions, e.g. hpcvmm bind 0000:82:00.0")
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	env := &slurm.Env{Host: host.New("/sys", "/proc")}
+	env := &slurm.Env{Host: host.New(*sysRoot, *procRoot)}
 	if err := expandSlurmDevices(&p, env, log); err != nil {
 		return c.usageError(stderr, "%v", err)
 	}
@@ -89,7 +95,20 @@ func runBind(args []string, stdout, stderr io.Writer) int {
 		}
 		idents = append(idents, ident{t, sp.IB})
 	}
-	j := hoststate.Open(hoststate.Options{StateDir: *dir})
+	// A device the host uses is refused before the first change: rebinding
+	// the node's NIC or root disk cuts it off (issue 23).
+	if !*force {
+		for _, b := range bdfs {
+			if _, err := os.Stat(filepath.Join(*sysRoot, "bus/pci/devices", b.String())); errors.Is(err, fs.ErrNotExist) {
+				continue // the journal's Bind says so, with what to do
+			}
+			if err := vfio.CheckHostUse(env.Host, b); err != nil {
+				fmt.Fprintf(stderr, "hpcvmm bind: %s: %v (--force rebinds it anyway)\n", b, err)
+				return 1
+			}
+		}
+	}
+	j := hoststate.Open(hoststate.Options{StateDir: *dir, SysfsRoot: *sysRoot})
 	for _, b := range bdfs {
 		if err := j.Bind(b); err != nil {
 			fmt.Fprintln(stderr, "hpcvmm bind:", err)
@@ -120,7 +139,7 @@ func runUnbind(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, "restored:", c)
 	}
 	for _, s := range rep.Skipped {
-		fmt.Fprintln(stdout, "left alone (its hpcvmm is still running):", s)
+		fmt.Fprintln(stdout, "left alone:", s)
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "hpcvmm unbind:", err)
@@ -138,7 +157,8 @@ func runUnbind(args []string, stdout, stderr io.Writer) int {
 func parseJournalArgs(args []string, stdout, stderr io.Writer) (stateDir string, bdfs []host.BDF, rc int) {
 	c := newCommand("hpcvmm unbind",
 		"Give devices rebound by hpcvmm back to their drivers, and InfiniBand VFs their previous GUIDs and link state: after `hpcvmm bind`, or after an hpcvmm that was killed before it could. "+
-			"Without BDFs, every change of every journal whose hpcvmm no longer runs.",
+			"Without BDFs, every change of every journal whose hpcvmm no longer runs. "+
+			"With SLURM_JOB_ID set (a Slurm Epilog), only that job's journals; without it, never a journal of a Slurm job that squeue says still runs.",
 		"hpcvmm unbind [--state-dir DIR] [BDF...]")
 	c.footer = "Exit status: 0 done, 1 a device could not be rebound, 2 invalid input."
 	dir := c.group("Flags").String("state-dir", hoststate.DefaultStateDir, "`DIR`: where hpcvmm journals the host changes it makes")

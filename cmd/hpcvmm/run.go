@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 
+	"github.com/hpcvmm/hpcvmm/guestnet"
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/slurm"
 	"github.com/hpcvmm/hpcvmm/vmlinux"
@@ -30,6 +31,11 @@ type runFlags struct {
 	cfg             vmm.Config
 	logLevel        slog.Level
 	shutdownTimeout time.Duration
+	consoleRaw      bool
+	// guestNets is the guest's half of each --net (in cfg.Nets' order)
+	// and dns the --dns servers, for a job's spec (netflag.go).
+	guestNets []guestnet.Interface
+	dns       []string
 }
 
 // newRunCommand defines the flags of `hpcvmm run`, grouped as a user scans
@@ -75,12 +81,13 @@ func newRunCommand() (*command, *runFlags) {
 
 	g = c.group("Devices")
 	addPassthroughFlags(g, &f.cfg.Passthrough)
-	g.Func("net", "`tap=NAME[,mac=MAC][,queues=N][,vhost=on|off]`: virtio-net on a host TAP, created if absent and removed afterwards; kernel vhost-net when available (repeatable)", func(s string) error {
-		n, err := parseNet(s)
+	g.Func("net", "`tap=NAME[,KEY=VALUE]...`: virtio-net on a host TAP, created if absent and removed afterwards; kernel vhost-net when available; keys: mac=MAC, queues=N, vhost=on|off, bridge=BRIDGE (attach the TAP hpcvmm creates to this existing bridge), ip=ADDRESS/PREFIX|dhcp and gw=GATEWAY (a job's interface in the guest; ADDRESS/PREFIX+rank adds SLURM_PROCID, +node SLURM_NODEID) (repeatable)", func(s string) error {
+		n, g, err := parseNet(s, os.Getenv)
 		if err != nil {
 			return err
 		}
 		f.cfg.Nets = append(f.cfg.Nets, n)
+		f.guestNets = append(f.guestNets, g)
 		return nil
 	})
 
@@ -93,8 +100,20 @@ func newRunCommand() (*command, *runFlags) {
 	g.DurationVar(&f.shutdownTimeout, "shutdown-timeout", f.shutdownTimeout, "`DURATION`: after SIGTERM/SIGINT, how long the guest has to power off after the ACPI power button before it is stopped hard")
 
 	c.hidden(func(fs *pflag.FlagSet) {
+		// --dns is hidden until README's flag table lists it
+		// (TestREADMEMatchesRunFlags), which the jobs wiring brings.
+		fs.Func("dns", "`ADDRESS`: a name server for the job's /etc/resolv.conf in the guest (repeatable; default: with ip=dhcp the DHCP server's, else the host's /etc/resolv.conf name servers that are not loopback addresses)", func(s string) error {
+			if net.ParseIP(s) == nil {
+				return fmt.Errorf("%q: want an IP address", s)
+			}
+			f.dns = append(f.dns, s)
+			return nil
+		})
 		fs.StringVar(&f.cfg.SysfsRoot, "sysfs", "", "sysfs root (tests)")
 		fs.StringVar(&f.cfg.ProcfsRoot, "procfs", "", "procfs root (tests)")
+		// Hidden only until README's flag table (TestREADMEMatchesRunFlags)
+		// lists it: then it belongs in "Console and logging".
+		fs.BoolVar(&f.consoleRaw, "console-raw", false, "pass the guest's console output to a terminal unfiltered; by default terminal control sequences that could harm the terminal (title and clipboard sets, status reports, mode switches) are dropped (docs/hardening.md)")
 		fs.Var(apicIDsValue{&f.cfg.APICIDs}, "apic-ids", "APIC ID of each vCPU, e.g. 0,256 (tests of x2APIC-only IDs)")
 	})
 	return c.done(), f
@@ -158,46 +177,6 @@ var flagNames = map[string]string{
 	"Console": "--console", "PrefaultWorkers": "--prefault-workers",
 	"Passthrough": "--gpu/--vf", "Seccomp": "--seccomp", "Nets": "--net", "NoACPI": "--acpi", "Topology": "--topology",
 	"NCCLTopoFile": "--nccl-topo", "APICIDs": "--apic-ids", "SysfsRoot": "--sysfs", "ProcfsRoot": "--procfs",
-}
-
-// parseNet parses one --net value: tap=NAME[,mac=MAC][,queues=N][,vhost=on|off].
-// The values themselves are checked by vmm.Config.Validate.
-func parseNet(s string) (vmm.NetConfig, error) {
-	var n vmm.NetConfig
-	seen := map[string]bool{}
-	for _, kv := range strings.Split(s, ",") {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || v == "" {
-			return n, fmt.Errorf("%q: want key=value pairs, e.g. tap=tap0,queues=2", kv)
-		}
-		if seen[k] {
-			return n, fmt.Errorf("%q: %s given twice", s, k)
-		}
-		seen[k] = true
-		switch k {
-		case "tap":
-			n.TAP = v
-		case "mac":
-			n.MAC = v
-		case "queues":
-			q, err := strconv.Atoi(v)
-			if err != nil || q < 1 {
-				return n, fmt.Errorf("queues=%s: want a number of queue pairs, at least 1", v)
-			}
-			n.Queues = q
-		case "vhost":
-			if v != vmm.VhostOn && v != vmm.VhostOff {
-				return n, fmt.Errorf("vhost=%s: want on or off", v)
-			}
-			n.Vhost = v
-		default:
-			return n, fmt.Errorf("unknown key %q: use tap, mac, queues or vhost", k)
-		}
-	}
-	if n.TAP == "" {
-		return n, fmt.Errorf("%q: no tap=NAME", s)
-	}
-	return n, nil
 }
 
 func describeError(err error) string {
@@ -269,7 +248,7 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	cfg := f.toConfig()
 	cfg.Logger = log
-	cfg.Stdout = stdout
+	cfg.Stdout = consoleOutput(stdout, f.consoleRaw)
 	cfg.Progress = stderr
 	cfg.StartTime = processStart
 

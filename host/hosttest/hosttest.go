@@ -281,3 +281,31 @@ func (tr *Tree) Link(bdf, speed string, width int) {
 	tr.Write(dir+"/max_link_width", fmt.Sprintf("%d\n", width))
 	tr.Write(dir+"/current_link_width", fmt.Sprintf("%d\n", width))
 }
+
+// ClassNet gives PCI function bdf a network interface name in its
+// directory at rel/name (rel "net" for a NIC's own, "virtio2/net" for
+// virtio-net) with the IFF_* flags (0x1003: up, broadcast, multicast) and
+// type 1, and links sys/class/net/name to it, as the kernel does.
+func (tr *Tree) ClassNet(bdf, rel, name string, flags uint) {
+	tr.t.Helper()
+	dir := fmt.Sprintf("sys/bus/pci/devices/%s/%s/%s", bdf, rel, name)
+	tr.Write(dir+"/flags", fmt.Sprintf("%#x\n", flags))
+	tr.Write(dir+"/type", "1\n")
+	tr.Symlink("sys/class/net/"+name, "../../bus/pci/devices/"+bdf+"/"+rel+"/"+name)
+}
+
+// ClassBlock gives PCI function bdf a block device name (a disk or a
+// partition) in its directory at rel/name (rel "nvme/nvme0" for a disk,
+// "nvme/nvme0/nvme0n1" for its partition) with device number devnum
+// ("259:1") and the holders given (dm-0, md0), and links
+// sys/class/block/name to it.
+func (tr *Tree) ClassBlock(bdf, rel, name, devnum string, holders ...string) {
+	tr.t.Helper()
+	dir := fmt.Sprintf("sys/bus/pci/devices/%s/%s/%s", bdf, rel, name)
+	tr.Write(dir+"/dev", devnum+"\n")
+	tr.mkdir(dir + "/holders")
+	for _, h := range holders {
+		tr.Symlink(dir+"/holders/"+h, "../../../../../../virtual/block/"+h)
+	}
+	tr.Symlink("sys/class/block/"+name, "../../bus/pci/devices/"+bdf+"/"+rel+"/"+name)
+}

@@ -1,8 +1,10 @@
-// Package console is a virtio console device (virtio 1.x 5.3) with one
-// port: bytes the guest writes to port 0's transmitq go to an io.Writer
-// (hpcvmm's stdout), bytes read from an io.Reader (stdin) go to port 0's
-// receiveq. Guest /dev/hvc0 is this port once the guest's virtio_console
-// driver binds.
+// Package console is a virtio console device (virtio 1.x 5.3). Port 0 is
+// the console: bytes the guest writes to port 0's transmitq go to an
+// io.Writer (hpcvmm's stdout), bytes read from an io.Reader (stdin) go to
+// port 0's receiveq. Guest /dev/hvc0 is this port once the guest's
+// virtio_console driver binds. Options.Ports adds named ports 1..N, byte
+// streams the guest opens as /dev/vportNpM (see ports.go: hpcvmm's jobs
+// carry their control, stdin, stdout and stderr on them).
 //
 // Terminal handling (raw mode, restoring it, SIGWINCH) belongs to the
 // caller; it reports the terminal size with SetSize.
@@ -15,9 +17,9 @@
 // (backpressure, bounded memory). End of file stops the reader only after
 // its last chunk was delivered.
 //
-// VIRTIO_CONSOLE_F_MULTIPORT is offered (max_nr_ports 1) for one reason:
-// its control queues let the device hold input back until the guest can
-// keep it. Linux's driver posts port 0's receive buffers before it lists the
+// VIRTIO_CONSOLE_F_MULTIPORT is offered (max_nr_ports 1+N) for the named
+// ports and, for port 0, because its control queues let the device hold
+// input back until the guest can keep it. Linux's driver posts port 0's receive buffers before it lists the
 // port (add_port fills the queue, then adds the port to portdev->ports), and
 // until init_port_console has run it discards what arrives for the port
 // (in_intr: no port found, or the port not guest_connected). Input waiting
@@ -85,7 +87,7 @@ const (
 	transmitQ = 1 // port 0 transmitq: guest to host
 	ctlRecvQ  = 2 // control receiveq (c_ivq): device to driver messages
 	ctlSendQ  = 3 // control transmitq (c_ovq): driver to device messages
-	numQueues = 4 // max_nr_ports = 1: port 0's pair and the control pair
+	numQueues = 4 // port 0's pair and the control pair; each named port adds two
 
 	// struct virtio_console_config: cols, rows, max_nr_ports, emerg_wr.
 	configSize = 12
@@ -115,7 +117,7 @@ const (
 	evConsolePort = 4 // device: this port is a console
 	evResize      = 5 // device: console size follows the header
 	evPortOpen    = 6 // both: port opened (1) or closed (0) on that side
-	evPortName    = 7 // device: port name follows (not used here)
+	evPortName    = 7 // device: port name follows (named ports)
 
 	ctlHeaderSize = 8  // le32 id, le16 event, le16 value
 	ctlResizeSize = 12 // header, le16 cols, le16 rows
@@ -134,6 +136,7 @@ const (
 	sendPortAdd uint8 = 1 << iota
 	sendConsolePort
 	sendPortOpen
+	sendPortName
 	sendResize
 )
 
@@ -146,8 +149,14 @@ type Options struct {
 	Rows, Cols uint16
 	// OnError hears host-side I/O errors (writing out, reading in) and
 	// malformed control messages from the guest (rate-limited); the device
-	// keeps running, dropping output that cannot be written.
+	// keeps running, dropping output that cannot be written. It is called
+	// from the device goroutine and from the ports' reader and writer
+	// goroutines.
 	OnError func(error)
+	// Ports are the named ports 1..N (see ports.go), offered with
+	// MULTIPORT (max_nr_ports 1+N). A driver without MULTIPORT sees only
+	// port 0.
+	Ports []Port
 }
 
 // control is the MULTIPORT handshake state, owned by the device goroutine
@@ -191,8 +200,11 @@ type Console struct {
 	ctl        control
 	ctlErrs    errLimit
 	gated      bool // MULTIPORT: hold input until ctl.open
-	ctlMsg     [ctlResizeSize]byte
+	ctlMsg     [ctlHeaderSize + MaxPortName]byte
 	ctlRecvBuf [ctlHeaderSize]byte
+	ports      []*namedPort // ids 1..N
+	portRx     *queue.Chain // receive chains of named ports (see fillStream)
+	portErr    error        // a ring error met while applying a control message
 
 	// Transmit staging (see transmit): txStage[:txStaged] is guest output
 	// whose chains were returned but which out has not been given yet.
@@ -235,6 +247,9 @@ func New(in io.Reader, out io.Writer, opts Options) (*Console, error) {
 	if s := opts.QueueSize; s > queue.MaxSize || s&(s-1) != 0 {
 		return nil, fmt.Errorf("virtio-console: queue size %d: must be a power of two up to %d", s, queue.MaxSize)
 	}
+	if err := ValidatePorts(opts.Ports); err != nil {
+		return nil, fmt.Errorf("virtio-console: %w", err)
+	}
 	fd, err := irq.NewEventFD()
 	if err != nil {
 		return nil, fmt.Errorf("virtio-console: input eventfd: %w", err)
@@ -250,6 +265,18 @@ func New(in io.Reader, out io.Writer, opts Options) (*Console, error) {
 	// allocating.
 	c.txTimer = time.AfterFunc(time.Hour, c.txTimerFired)
 	c.txTimer.Stop()
+	if len(opts.Ports) > 0 {
+		c.portRx = queue.NewChain(queue.MaxSize)
+	}
+	for i, p := range opts.Ports {
+		np := newNamedPort(i+1, p)
+		c.ports = append(c.ports, np)
+		if np.out != nil {
+			// From now on: Close ends the stream even if no driver ever
+			// came.
+			go c.portWriteLoop(np)
+		}
+	}
 	return c, nil
 }
 
@@ -289,9 +316,11 @@ func (c *Console) SetSize(rows, cols uint16) {
 	}
 }
 
-// Close stops the input goroutine from handing more data to the guest and
-// releases the eventfd. It does not close in or out; a reader goroutine
-// blocked in in.Read exits when that Read returns.
+// Close stops the input goroutines from handing more data to the guest and
+// releases the eventfd. It does not close in or out or the ports'
+// FromHost; a reader goroutine blocked in Read exits when that Read
+// returns. Each port's ToHost is closed after the guest output already
+// taken from the guest was written to it.
 func (c *Console) Close() error {
 	if c.closed.Swap(true) {
 		return nil
@@ -311,9 +340,14 @@ func (c *Console) Type() uint16 { return virtio.DeviceConsole }
 func (c *Console) Features() uint64 { return FeatureSize | FeatureMultiport }
 
 // QueueMaxSizes implements virtio.Device: port 0's receiveq and transmitq,
-// then the control receiveq and transmitq (used only with MULTIPORT).
+// then the control receiveq and transmitq, then each named port's
+// receiveq and transmitq (all used only with MULTIPORT).
 func (c *Console) QueueMaxSizes() []uint16 {
-	return []uint16{c.opts.QueueSize, c.opts.QueueSize, ControlQueueSize, ControlQueueSize}
+	sizes := []uint16{c.opts.QueueSize, c.opts.QueueSize, ControlQueueSize, ControlQueueSize}
+	for range c.ports {
+		sizes = append(sizes, c.opts.QueueSize, c.opts.QueueSize)
+	}
+	return sizes
 }
 
 // ConfigSize implements virtio.Device.
@@ -326,7 +360,7 @@ func (c *Console) ReadConfig(offset int, data []byte) {
 	binary.LittleEndian.PutUint16(img[0:], c.cols)
 	binary.LittleEndian.PutUint16(img[2:], c.rows)
 	c.mu.Unlock()
-	binary.LittleEndian.PutUint32(img[4:], 1) // max_nr_ports: port 0 only
+	binary.LittleEndian.PutUint32(img[4:], uint32(1+len(c.ports))) // max_nr_ports
 	clear(data)
 	if offset >= 0 && offset < configSize {
 		copy(data, img[offset:])
@@ -339,8 +373,8 @@ func (c *Console) WriteConfig(offset int, data []byte) {}
 
 // Activate implements virtio.Device.
 func (c *Console) Activate(features uint64, queues []*queue.Queue, irq virtio.Interrupter) error {
-	if len(queues) != numQueues {
-		return fmt.Errorf("virtio-console: activate with %d queues, want %d", len(queues), numQueues)
+	if want := numQueues + 2*len(c.ports); len(queues) != want {
+		return fmt.Errorf("virtio-console: activate with %d queues, want %d", len(queues), want)
 	}
 	multiport := features&FeatureMultiport != 0
 	if multiport && (queues[ctlRecvQ] == nil || queues[ctlSendQ] == nil) {
@@ -354,13 +388,27 @@ func (c *Console) Activate(features uint64, queues []*queue.Queue, irq virtio.In
 	c.ctl = control{}
 	c.gated = multiport
 	c.txDeferred = false
+	for _, p := range c.ports {
+		p.reset()
+		if multiport {
+			// Disabled queues (nil) leave the port out: it is never added.
+			p.rx, p.tx = queues[p.txq-1], queues[p.txq]
+		}
+	}
 	c.mu.Lock()
 	c.irq = irq
 	c.multiport = multiport
 	c.mu.Unlock()
-	if c.in != nil {
-		c.started.Do(func() { go c.readLoop() })
-	}
+	c.started.Do(func() {
+		if c.in != nil {
+			go c.readLoop()
+		}
+		for _, p := range c.ports {
+			if p.in != nil {
+				go c.portReadLoop(p)
+			}
+		}
+	})
 	return nil
 }
 
@@ -370,6 +418,10 @@ func (c *Console) Reset() {
 	c.rx, c.tx, c.cin, c.cout = nil, nil, nil, nil
 	c.ctl = control{}
 	c.gated = false
+	c.portErr = nil
+	for _, p := range c.ports {
+		p.reset()
+	}
 	// A deferred interrupt dies with the queues; a timer still running
 	// only wakes the device goroutine once for nothing.
 	c.txDeferred = false
@@ -388,6 +440,9 @@ func (c *Console) EventFD() int { return c.eventFD }
 func (c *Console) HandleEvent() error {
 	irq.DrainEventFD(c.eventFD, c.drain[:])
 	c.txDeferredDue()
+	if err := c.portsEvent(); err != nil {
+		return err
+	}
 	if c.cin != nil {
 		c.queueResize()
 		if err := c.sendControl(); err != nil {
@@ -410,6 +465,9 @@ func (c *Console) QueueNotify(q int) error {
 		return c.sendControl()
 	case ctlSendQ:
 		return c.receiveControl()
+	}
+	if q > ctlSendQ {
+		return c.portQueueNotify(q)
 	}
 	return nil
 }

@@ -18,6 +18,11 @@ func (c *Console) receiveControl() error {
 	if err := c.drainDriverQueue(c.cout, "control transmitq", c.readControl, func() {}, c.ctlSendInterrupt); err != nil {
 		return err
 	}
+	if err := c.portErr; err != nil {
+		// A named port's ring broke while a control message was applied.
+		c.portErr = nil
+		return err
+	}
 	if err := c.sendControl(); err != nil {
 		return err
 	}
@@ -75,10 +80,24 @@ func (c *Console) handleControl(msg []byte, total uint64) {
 			return
 		}
 		c.ctl.pending |= sendPortAdd
+		for _, p := range c.ports {
+			if p.rx != nil && p.tx != nil {
+				p.pending |= sendPortAdd
+			}
+		}
 		return
 	}
 	if id != 0 {
-		c.ctlError("control event %d for port %d: only port 0 exists", event, id)
+		p := c.portByID(id)
+		if p == nil {
+			if len(c.ports) == 0 {
+				c.ctlError("control event %d for port %d: only port 0 exists", event, id)
+			} else {
+				c.ctlError("control event %d for port %d: only ports 0 to %d exist", event, id, len(c.ports))
+			}
+			return
+		}
+		c.portErr = c.portControl(p, event, value)
 		return
 	}
 	if event == evPortReady {
@@ -126,7 +145,7 @@ func (c *Console) sendControl() error {
 	}
 	ch := c.chain
 	pushed := false
-	for c.ctl.pending != 0 {
+	for c.controlPending() {
 		ok, err := q.Pop(ch)
 		if err != nil {
 			return fmt.Errorf("virtio-console control receiveq: %w", err)
@@ -164,9 +183,30 @@ func (c *Console) sendControl() error {
 	return nil
 }
 
-// nextControl takes the first pending message off ctl.pending, updates the
-// state it implies, and returns its bytes (in c.ctlMsg).
+// controlPending reports whether any port has a message to send.
+func (c *Console) controlPending() bool {
+	if c.ctl.pending != 0 {
+		return true
+	}
+	for _, p := range c.ports {
+		if p.pending != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// nextControl takes the first pending message off ctl.pending (port 0's
+// first, then the named ports' in id order), updates the state it implies,
+// and returns its bytes (in c.ctlMsg).
 func (c *Console) nextControl() []byte {
+	if c.ctl.pending == 0 {
+		for _, p := range c.ports {
+			if p.pending != 0 {
+				return c.nextPortControl(p)
+			}
+		}
+	}
 	m := c.ctl.pending & -c.ctl.pending
 	c.ctl.pending &^= m
 	b := c.ctlMsg[:ctlHeaderSize]
@@ -217,4 +257,31 @@ func (c *Console) ctlError(format string, args ...any) {
 	e.suppressed = 0
 	e.last = now
 	c.opts.OnError(err)
+}
+
+// nextPortControl takes named port p's first pending message: PORT_ADD,
+// PORT_OPEN (host connected, or not once its input ended), PORT_NAME. The
+// order is Linux's need: PORT_OPEN before PORT_NAME, so a guest that finds
+// the port by name never sees it unconnected (its read would return end of
+// file).
+func (c *Console) nextPortControl(p *namedPort) []byte {
+	m := p.pending & -p.pending
+	p.pending &^= m
+	b := c.ctlMsg[:ctlHeaderSize]
+	binary.LittleEndian.PutUint32(b[0:], p.id)
+	binary.LittleEndian.PutUint16(b[6:], 1)
+	switch m {
+	case sendPortAdd:
+		binary.LittleEndian.PutUint16(b[4:], evPortAdd)
+		p.added = true
+	case sendPortOpen:
+		binary.LittleEndian.PutUint16(b[4:], evPortOpen)
+		if !p.hostOpen {
+			binary.LittleEndian.PutUint16(b[6:], 0)
+		}
+	case sendPortName:
+		binary.LittleEndian.PutUint16(b[4:], evPortName)
+		b = c.ctlMsg[:ctlHeaderSize+copy(c.ctlMsg[ctlHeaderSize:], p.name)]
+	}
+	return b
 }

@@ -79,9 +79,25 @@ func (c *checker) device(d *host.Device, isVF bool) {
 		c.add("device", subj, Pass, "", "%s", ids)
 	}
 
+	var use host.Use
+	var useErr error
+	if !host.IsVFIODriver(d.Driver) {
+		use, useErr = c.h.DeviceUse(d.BDF)
+	}
+	drv := d.Driver
+	if drv == "" {
+		drv = "no driver"
+	}
 	switch {
 	case host.IsVFIODriver(d.Driver):
 		c.add("driver", subj, Pass, "", "bound to %s", d.Driver)
+	case useErr != nil:
+		c.add("driver", subj, Fail, "", "bound to %s; cannot tell whether the host uses it: %v", drv, useErr)
+	case use.Busy():
+		// Never a rebind for these: it would cut the node off its
+		// network or pull a disk from under it (issue 23).
+		c.add("driver", subj, Fail, "pass another device (hpcvmm devices lists them), or end that use on the host first",
+			"bound to %s, and the host uses it: %s; it cannot be passed through while the host does", drv, use)
 	case d.Driver == "" && c.req.AllowBind:
 		c.add("driver", subj, Warn, "", "no driver bound; --bind binds it to vfio-pci for the VM")
 	case d.Driver == "":
@@ -130,6 +146,7 @@ func (c *checker) group(d *host.Device) {
 		return
 	}
 	var others, offenders, fixes []string
+	hostUsed := false
 	for _, m := range members {
 		if m == d.BDF {
 			continue
@@ -144,12 +161,25 @@ func (c *checker) group(d *host.Device) {
 			drv = "no driver"
 		}
 		others = append(others, fmt.Sprintf("%s (%s)", m, drv))
-		if !groupSafeDriver(md.Driver) {
-			offenders = append(offenders, fmt.Sprintf("%s (%s)", m, md.Driver))
-			fixes = append(fixes, BindFix(m, md.Driver))
+		if groupSafeDriver(md.Driver) {
+			continue
 		}
+		if u, err := c.h.DeviceUse(m); err != nil || u.Busy() {
+			why := fmt.Sprintf("the host uses it: %s", u)
+			if err != nil {
+				why = fmt.Sprintf("cannot tell whether the host uses it: %v", err)
+			}
+			offenders = append(offenders, fmt.Sprintf("%s (%s; %s)", m, md.Driver, why))
+			hostUsed = true
+			continue
+		}
+		offenders = append(offenders, fmt.Sprintf("%s (%s)", m, md.Driver))
+		fixes = append(fixes, BindFix(m, md.Driver))
 	}
 	switch {
+	case hostUsed:
+		c.add("iommu-group", subj, Fail, "pass another device (hpcvmm devices lists them): a group is assigned as a whole",
+			"group %d is not viable and cannot be made so: %s", d.IOMMUGroup, strings.Join(offenders, ", "))
 	case len(offenders) > 0:
 		c.add("iommu-group", subj, Fail, strings.Join(fixes, " && "),
 			"group %d is not viable: %s must be bound to vfio-pci or unbound (a group is assigned as a whole)", d.IOMMUGroup, strings.Join(offenders, ", "))

@@ -1,0 +1,177 @@
+package rootfs
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// walkDir yields the tree under root (a host directory): every entry
+// Lstat'ed, never followed, in lexical order (parents first). A regular
+// file is opened with O_NOFOLLOW and checked to be the file Lstat saw, so a
+// file swapped for a symlink mid-walk is refused rather than followed. Hard
+// links are yielded as separate regular files (their content twice).
+func walkDir(root, image string, fn func(*Entry, io.Reader) error) error {
+	return walkDirHashing(root, image, fn, nil)
+}
+
+// walkDirHashing is walkDir that, with key non-nil, also writes each
+// entry into key as Image.Key hashes a directory: its metadata, and a
+// regular file's content SHA-256 from the bytes fn was given (the rest,
+// if fn stops early, read here).
+func walkDirHashing(root, image string, fn func(*Entry, io.Reader) error, key io.Writer) error {
+	var e Entry
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return fmt.Errorf("rootfs: image %s: %w", image, err)
+		}
+		rel, err := filepath.Rel(root, p)
+		if err != nil {
+			return fmt.Errorf("rootfs: image %s: %w", image, err)
+		}
+		if rel == "." {
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return fmt.Errorf("rootfs: image %s: %w", image, err)
+		}
+		if err := dirEntry(p, filepath.ToSlash(rel), fi, image, &e); err != nil {
+			return err
+		}
+		if key != nil {
+			dirKeyEntry(key, &e)
+		}
+		if !e.IsRegular() {
+			return fn(&e, nil)
+		}
+		r := &lazyFile{path: p, fi: fi, image: image}
+		defer r.close()
+		if key != nil {
+			r.sum = sha256.New()
+		}
+		if err := fn(&e, r); err != nil {
+			return err
+		}
+		if key != nil {
+			if _, err := io.Copy(io.Discard, r); err != nil {
+				return err
+			}
+			var sum [sha256.Size]byte
+			r.sum.Sum(sum[:0])
+			dirKeySum(key, sum)
+		}
+		return nil
+	})
+}
+
+// lazyFile opens a directory IMAGE's regular file on its first Read, so a
+// walk that only wants metadata (Usage) opens nothing.
+type lazyFile struct {
+	path  string
+	fi    fs.FileInfo
+	image string
+	f     *os.File
+	r     *exactReader
+	sum   hash.Hash // when set, what is read is hashed
+}
+
+func (l *lazyFile) Read(p []byte) (int, error) {
+	if l.r == nil {
+		f, err := openNoFollow(l.path, l.fi)
+		if err != nil {
+			return 0, fmt.Errorf("rootfs: image %s: %w", l.image, err)
+		}
+		l.f, l.r = f, &exactReader{r: f, left: l.fi.Size(), name: l.path}
+	}
+	n, err := l.r.Read(p)
+	if l.sum != nil {
+		l.sum.Write(p[:n])
+	}
+	return n, err
+}
+
+func (l *lazyFile) close() {
+	if l.f != nil {
+		_ = l.f.Close()
+	}
+}
+
+// dirEntry fills e from a host file's Lstat information.
+func dirEntry(p, rel string, fi fs.FileInfo, image string, e *Entry) error {
+	*e = Entry{Name: rel, Mode: fi.Mode()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		e.UID, e.GID = int(st.Uid), int(st.Gid)
+		if fi.Mode()&fs.ModeDevice != 0 {
+			e.DevMajor, e.DevMinor = unix.Major(st.Rdev), unix.Minor(st.Rdev)
+		}
+	}
+	switch {
+	case fi.Mode().IsRegular():
+		e.Size = fi.Size()
+	case fi.Mode()&fs.ModeSymlink != 0:
+		target, err := os.Readlink(p)
+		if err != nil {
+			return fmt.Errorf("rootfs: image %s: %w", image, err)
+		}
+		e.Link = target
+	}
+	return nil
+}
+
+// openNoFollow opens the regular file p without following a symlink and
+// without blocking on a FIFO, and checks it is the file fi describes.
+func openNoFollow(p string, fi fs.FileInfo) (*os.File, error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	now, err := f.Stat()
+	if err == nil && (!now.Mode().IsRegular() || !os.SameFile(now, fi)) {
+		err = fmt.Errorf("%s changed while the image was read", p)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// exactReader yields exactly left bytes of r: a file that shrank since it
+// was stat'ed is an error, bytes it grew by are not read.
+type exactReader struct {
+	r    io.Reader
+	left int64
+	name string
+}
+
+var errShrank = errors.New("file shrank while the image was read")
+
+func (x *exactReader) Read(p []byte) (int, error) {
+	if x.left <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > x.left {
+		p = p[:x.left]
+	}
+	n, err := x.r.Read(p)
+	x.left -= int64(n)
+	if errors.Is(err, io.EOF) && x.left > 0 {
+		return n, fmt.Errorf("%s: %w", x.name, errShrank)
+	}
+	if x.left == 0 && err == nil {
+		err = io.EOF
+	}
+	if errors.Is(err, io.EOF) && x.left == 0 && n > 0 {
+		return n, nil
+	}
+	return n, err
+}
