@@ -52,6 +52,9 @@ func platformVariants() map[string]Platform {
 			}
 		}
 	}
+	smt := testPlatform(288, 1, true)
+	smt.CPUs = smtCPUs(288) // x2APIC entries only (allX2APIC)
+	v["cpus288-smt-x2apic-only"] = smt
 	m := testPlatform(4, 1, true)
 	m.RSDPAddr = 0
 	m.NoNUMATables = true
@@ -158,12 +161,19 @@ func checkTables(t *testing.T, p Platform, ts Tables) {
 		require.NotZero(t, apic.Data[off+1])
 		counts[apic.Data[off]]++
 	}
-	xapic := min(len(p.CPUs), 255)
+	xapic := 0
+	if !allX2APIC(p.CPUs) {
+		for _, c := range p.CPUs {
+			if c.APICID <= MaxXAPICID {
+				xapic++
+			}
+		}
+	}
 	assert.Equal(t, xapic, counts[0], "Local APIC entries")
 	assert.Equal(t, len(p.CPUs)-xapic, counts[9], "Local x2APIC entries")
 	assert.Equal(t, 1, counts[1], "IOAPIC")
 	assert.Equal(t, map[bool]int{true: 1}[p.ISAIRQ0ToGSI2], counts[2], "IRQ0 override")
-	assert.Equal(t, 1, counts[4], "Local APIC NMI")
+	assert.Equal(t, min(1, xapic), counts[4], "Local APIC NMI")
 	assert.Equal(t, min(1, len(p.CPUs)-xapic), counts[10], "Local x2APIC NMI")
 
 	_, hasSRAT := ts.Find("SRAT")

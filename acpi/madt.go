@@ -42,15 +42,35 @@ type madtConfig struct {
 	irq0ToGSI2 bool
 }
 
+// allX2APIC reports whether every CPU must be described by x2APIC entries
+// (MADT type 9, SRAT type 2): when a CPU with an APIC ID up to MaxXAPICID
+// comes at index 255 or later, its Processor Local APIC entry could not
+// carry its UID (8 bits). That happens past 255 CPUs whenever APIC IDs are
+// not in index order, e.g. a mirrored SMT topology that numbers every
+// core's first thread before the second threads, as firmware does. With no
+// type 0 entry in the table, Linux takes x2APIC entries of any ID (it
+// ignores those below 255 only beside Local APIC entries), and the guest
+// starts in x2APIC mode, as it must for IDs above 254 anyway.
+func allX2APIC(cpus []CPU) bool {
+	for i, cpu := range cpus {
+		if i >= allProcessors8 && cpu.APICID <= MaxXAPICID {
+			return true
+		}
+	}
+	return false
+}
+
 // madt builds the interrupt controller table: one entry per CPU (UID = its
 // index in cpus), the IOAPIC, ISA overrides and LINT1 NMI entries. There is
 // no SCI override: a hardware-reduced platform has no SCI (§4.1).
 func madt(c madtConfig) ([]byte, error) {
 	body := binary.LittleEndian.AppendUint32(nil, LocalAPICAddr)
 	body = binary.LittleEndian.AppendUint32(body, madtPCATCompat)
-	x2 := false
+	x2, xapic := false, false
+	onlyX2 := allX2APIC(c.cpus)
 	for i, cpu := range c.cpus {
-		if cpu.APICID <= MaxXAPICID {
+		if cpu.APICID <= MaxXAPICID && !onlyX2 {
+			xapic = true
 			body = append(body, madtLocalAPIC, 8, byte(i), byte(cpu.APICID))
 			body = binary.LittleEndian.AppendUint32(body, lapicEnabled)
 			continue
@@ -70,9 +90,11 @@ func madt(c madtConfig) ([]byte, error) {
 		body = binary.LittleEndian.AppendUint32(body, 2)
 		body = binary.LittleEndian.AppendUint16(body, intiConforms)
 	}
-	body = append(body, madtLocalAPICNMI, 6, allProcessors8)
-	body = binary.LittleEndian.AppendUint16(body, intiConforms)
-	body = append(body, lint1)
+	if xapic {
+		body = append(body, madtLocalAPICNMI, 6, allProcessors8)
+		body = binary.LittleEndian.AppendUint16(body, intiConforms)
+		body = append(body, lint1)
+	}
 	if x2 {
 		body = append(body, madtLocalX2APICNMI, 12)
 		body = binary.LittleEndian.AppendUint16(body, intiConforms)

@@ -16,14 +16,15 @@ const (
 
 // srat builds the resource affinity table: the proximity domain of every
 // CPU and memory range. CPUs get the same entry type split as the MADT
-// (type 0 up to MaxXAPICID, type 2 above) so both tables describe each CPU
-// the same way.
+// (type 0 up to MaxXAPICID, type 2 above; type 2 for all when allX2APIC) so
+// both tables describe each CPU the same way.
 func srat(oemTableID string, cpus []CPU, mem []MemoryRange) ([]byte, error) {
 	body := binary.LittleEndian.AppendUint32(nil, sratReservedOne)
 	body = binary.LittleEndian.AppendUint64(body, 0)
+	onlyX2 := allX2APIC(cpus)
 	for _, cpu := range cpus {
 		d := cpu.Node
-		if cpu.APICID <= MaxXAPICID {
+		if cpu.APICID <= MaxXAPICID && !onlyX2 {
 			body = append(body, sratLocalAPIC, 16, byte(d), byte(cpu.APICID))
 			body = binary.LittleEndian.AppendUint32(body, sratEnabled)
 			body = append(body, 0, byte(d>>8), byte(d>>16), byte(d>>24)) // SAPIC EID, domain[31:8]

@@ -135,8 +135,9 @@ type Platform struct {
 	// in the BIOS scan area 0xe0000-0xfffff and/or passed to Linux in
 	// boot_params.acpi_rsdp_addr. Zero puts it at the start of the blob.
 	RSDPAddr uint64
-	// CPUs lists the vCPUs, boot CPU first. CPUs with APIC IDs up to
-	// MaxXAPICID must come within the first 255 (their UID is 8 bits).
+	// CPUs lists the vCPUs, boot CPU first (UID = index). When a CPU with
+	// an APIC ID up to MaxXAPICID comes after the first 255, whose UIDs
+	// fit a Local APIC entry, every CPU gets x2APIC entries.
 	CPUs []CPU
 	// Memory lists guest RAM for the SRAT (required unless NoNUMATables).
 	Memory []MemoryRange
@@ -222,9 +223,6 @@ func (p *Platform) validateCPUs() error {
 		seen[c.APICID] = i
 		if c.APICID > maxX2APICID {
 			return fmt.Errorf("CPU %d: APIC ID %#x is the invalid x2APIC ID", i, c.APICID)
-		}
-		if c.APICID <= MaxXAPICID && i >= allProcessors8 {
-			return fmt.Errorf("CPU %d: APIC ID %d needs a Local APIC entry whose 8-bit UID cannot hold %d: list CPUs with APIC IDs below 255 first", i, c.APICID, i)
 		}
 	}
 	return nil

@@ -1,6 +1,8 @@
 package acpi
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -17,13 +19,6 @@ func TestBuildRejectsBadPlatforms(t *testing.T) {
 			for i := range p.CPUs {
 				p.CPUs[i].APICID = uint32(i)
 			}
-		},
-		"xAPIC CPU past UID 254": func(p *Platform) {
-			p.CPUs = nil
-			for i := range 256 {
-				p.CPUs = append(p.CPUs, CPU{APICID: uint32(1000 + i)})
-			}
-			p.CPUs[255].APICID = 0
 		},
 		"overlapping memory": func(p *Platform) {
 			p.Memory = append(p.Memory, MemoryRange{Base: 0x200000, Size: 0x1000})
@@ -147,6 +142,99 @@ func TestMADTAndSRATEntries(t *testing.T) {
 	require.Len(t, mem, len(p.Memory))
 	for i, m := range p.Memory {
 		assert.Equal(t, [3]uint64{uint64(m.Node), m.Base, m.Size}, mem[i])
+	}
+}
+
+// smtCPUs numbers n CPUs as a mirrored two-thread topology does: every
+// core's first thread (APIC IDs 0, 2, 4, ...) before the second threads
+// (1, 3, 5, ...), as Linux numbers a host's CPUs.
+func smtCPUs(n int) []CPU {
+	cpus := make([]CPU, n)
+	for i := range cpus {
+		if i < n/2 {
+			cpus[i].APICID = uint32(2 * i)
+		} else {
+			cpus[i].APICID = uint32(2*(i-n/2) + 1)
+		}
+	}
+	return cpus
+}
+
+// madtCPUs decodes the per-CPU MADT entries: entry type, APIC ID and UID
+// of each, in table order.
+func madtCPUs(t *testing.T, ts Tables) (types []byte, ids, uids []uint32, nmiTypes []byte) {
+	apic, ok := ts.Find("APIC")
+	require.True(t, ok)
+	for off := HeaderLen + 8; off < len(apic.Data); off += int(apic.Data[off+1]) {
+		e := apic.Data[off:]
+		require.NotZero(t, e[1])
+		switch e[0] {
+		case 0:
+			types, ids, uids = append(types, 0), append(ids, uint32(e[3])), append(uids, uint32(e[2]))
+		case 9:
+			types, ids, uids = append(types, 9), append(ids, le32(e[4:])), append(uids, le32(e[12:]))
+		case 4, 10:
+			nmiTypes = append(nmiTypes, e[0])
+		}
+	}
+	return types, ids, uids, nmiTypes
+}
+
+// TestMADTBeyond254CPUs builds the tables of 255, 256, 288 and 1024 vCPUs,
+// flat (APIC ID = index) and SMT-mirrored (first threads, then second
+// threads): every CPU is in the MADT and SRAT exactly once with UID = its
+// index; xAPIC-range IDs get Local APIC entries while their UIDs fit 8
+// bits, and once one would not (SMT order past 255 CPUs), every CPU is an
+// x2APIC entry, with the x2APIC NMI entry only.
+func TestMADTBeyond254CPUs(t *testing.T) {
+	for _, n := range []int{255, 256, 288, 1024} {
+		for _, layout := range []string{"flat", "smt"} {
+			t.Run(fmt.Sprintf("%d-%s", n, layout), func(t *testing.T) {
+				p := testPlatform(n, 1, true)
+				if layout == "smt" {
+					p.CPUs = smtCPUs(n)
+				}
+				ts, err := Build(p, testBase)
+				require.NoError(t, err)
+				types, ids, uids, nmi := madtCPUs(t, ts)
+				require.Len(t, ids, n)
+				onlyX2 := allX2APIC(p.CPUs)
+				assert.Equal(t, layout == "smt" && n > 256, onlyX2, "all-x2APIC only when a UID would overflow")
+				for i := range ids {
+					assert.Equal(t, p.CPUs[i].APICID, ids[i], "entry %d", i)
+					assert.EqualValues(t, i, uids[i], "UID = index")
+					want := byte(9)
+					if ids[i] <= MaxXAPICID && !onlyX2 {
+						want = 0
+					}
+					assert.Equal(t, want, types[i], "entry type of APIC ID %d", ids[i])
+				}
+				var wantNMI []byte
+				if !onlyX2 {
+					wantNMI = append(wantNMI, 4)
+				}
+				if slices.Contains(types, 9) {
+					wantNMI = append(wantNMI, 10)
+				}
+				assert.Equal(t, wantNMI, nmi)
+
+				srat, _ := ts.Find("SRAT")
+				sratIDs := map[uint32]byte{}
+				for off := HeaderLen + 12; off < len(srat.Data); off += int(srat.Data[off+1]) {
+					e := srat.Data[off:]
+					switch e[0] {
+					case 0:
+						sratIDs[uint32(e[3])] = 0
+					case 2:
+						sratIDs[le32(e[8:])] = 9
+					}
+				}
+				require.Len(t, sratIDs, n)
+				for i, id := range ids {
+					assert.Equal(t, types[i], sratIDs[id], "SRAT entry type of APIC ID %d follows the MADT's", id)
+				}
+			})
+		}
 	}
 }
 

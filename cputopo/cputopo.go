@@ -110,9 +110,22 @@ func Flat(n int) (Topology, error) {
 // Mirror returns the topology in which vCPU i has the place of host CPU
 // cpus[i] (see the package doc). Packages, LLC domains, cores and threads
 // are numbered in order of first appearance, so vCPU 0 is always APIC ID 0.
+//
+// The host CPUs must be distinct: two vCPUs on one host CPU are not SMT
+// siblings (they take turns on one thread, they do not run side by side),
+// and presenting them as threads of a core would mislead the guest's
+// scheduler and every runtime that places threads by core. Oversubscribed
+// VMs get Flat.
 func Mirror(cpus []HostCPU) (Topology, error) {
 	if len(cpus) == 0 {
 		return Topology{}, errors.New("cputopo: no vCPUs")
+	}
+	seen := make(map[int]int, len(cpus))
+	for i, c := range cpus {
+		if j, dup := seen[c.CPU]; dup {
+			return Topology{}, fmt.Errorf("cputopo: vCPUs %d and %d share host CPU %d: a mirrored topology needs distinct host CPUs", j, i, c.CPU)
+		}
+		seen[c.CPU] = i
 	}
 	type coreKey struct{ pkg, core int }
 	type llcKey struct{ pkg, llc int }

@@ -141,3 +141,10 @@ func TestWithAPICIDs(t *testing.T) {
 	_, err = cputopo.WithAPICIDs([]uint32{0, 3, 3})
 	assert.ErrorContains(t, err, "twice")
 }
+
+// TestMirrorRejectsSharedHostCPUs: two vCPUs on one host CPU are not
+// threads of a core.
+func TestMirrorRejectsSharedHostCPUs(t *testing.T) {
+	_, err := cputopo.Mirror([]cputopo.HostCPU{{CPU: 0, Package: 0, Core: 0}, {CPU: 1, Package: 0, Core: 1}, {CPU: 0, Package: 0, Core: 0}})
+	require.ErrorContains(t, err, "vCPUs 0 and 2 share host CPU 0")
+}

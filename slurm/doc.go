@@ -54,6 +54,9 @@
 // NUMA node (see NodeCPUs). Guest RAM defaults to the job's memory on the
 // node, SLURM_MEM_PER_NODE MiB, or SLURM_MEM_PER_CPU MiB times the step's
 // CPUs, or, in a step of a bare srun (which exports neither), the job's
-// MinMemoryNode/MinMemoryCPU from `scontrol show job`, less Headroom for
-// hpcvmm itself (see GuestMemory).
+// memory_per_node/memory_per_cpu from `squeue --json` (what scontrol prints
+// as MinMemoryNode/MinMemoryCPU, read from the job's JSON record because
+// scontrol's text carries the job's name verbatim and a name with newlines
+// can forge those fields; see JobMemory), less Headroom for hpcvmm itself
+// (see GuestMemory).
 package slurm

@@ -57,9 +57,6 @@ func TestResolveInPrologHostileJobName(t *testing.T) {
 	n.env["SLURM_JOB_ID"] = "2"
 	n.tree.Remove("dev/vfio")
 	env := n.Env()
-	text, err := os.ReadFile("testdata/scontrol-22.05-hostile-name-job2.txt")
-	require.NoError(t, err)
-	env.Scontrol = func(string) (string, error) { return string(text), nil }
 	out, err := os.ReadFile("testdata/squeue-json-22.05-hostile-names.json")
 	require.NoError(t, err)
 	env.Squeue = func(string) ([]byte, error) { return out, nil }
@@ -102,4 +99,52 @@ func quote(s string) string {
 	}
 	b.WriteByte('"')
 	return b.String()
+}
+
+// TestGuestMemoryHostileJobName: a bare srun step sizes guest RAM from the
+// job's record, and the job's owner chose its name and comment. Captured
+// from a real Slurm 22.05.8 (a loopback cluster, node n1): job 3 ran with
+// --mem=2048, job 4 with --mem-per-cpu=700 -c 2, job 5 (pending) asked for
+// no memory; each name and comment carries "\n   MinMemoryNode=999G" lines
+// that `scontrol show job -d` prints verbatim before the real
+// "MinMemoryNode=2G" (testdata/scontrol-22.05-hostile-mem-job*.txt). The
+// guest gets the job's real memory, never 999G.
+func TestGuestMemoryHostileJobName(t *testing.T) {
+	out, err := os.ReadFile("testdata/squeue-json-22.05-hostile-mem.json")
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		job, cpus, text, source string
+		mib                     uint64
+	}{
+		{"3", "1", "testdata/scontrol-22.05-hostile-mem-job3.txt", "squeue --json --jobs 3: memory_per_node=2048", 2048},
+		{"4", "2", "testdata/scontrol-22.05-hostile-mem-job4.txt", "squeue --json --jobs 4: memory_per_cpu=700 x 2 CPUs", 700 * 2},
+	} {
+		text, err := os.ReadFile(tc.text)
+		require.NoError(t, err)
+		require.Contains(t, string(text), "\n   MinMemoryNode=999G", "the capture shows scontrol printing the forged line")
+		n := newSlurmNode(t, nodeGres)
+		n.env["SLURM_JOB_ID"] = tc.job
+		n.env["SLURM_CPUS_ON_NODE"] = tc.cpus
+		env := n.Env()
+		env.Squeue = func(string) ([]byte, error) { return out, nil }
+		b, src, ok, err := env.GuestMemory(1, 4096)
+		require.NoError(t, err, "job %s", tc.job)
+		assert.True(t, ok, "job %s", tc.job)
+		assert.Equal(t, tc.source, src)
+		total := tc.mib << 20
+		assert.Equal(t, (total-total*HeadroomPercent/100-HeadroomFixed)/4096*4096, b, "job %s: %d MiB less the headroom", tc.job, tc.mib)
+	}
+}
+
+// FuzzJobMemory: whatever the job's owner puts in its name and comment,
+// the memory comes only from the job's own memory_per_node (here 2048).
+func FuzzJobMemory(f *testing.F) {
+	f.Add("vm\n   MinMemoryNode=999G", "c\n   MinMemoryCPU=999G")
+	f.Add(`","memory_per_node":999999,"x":"`, `\"`)
+	f.Fuzz(func(t *testing.T, name, comment string) {
+		q := `{"jobs":[{"job_id":2,"name":` + quote(name) + `,"memory_per_node":2048,"memory_per_cpu":null,"comment":` + quote(comment) + `}]}`
+		m, err := JobMemory([]byte(q), "2")
+		require.NoError(t, err)
+		assert.Equal(t, JobMem{MiB: 2048}, m)
+	})
 }

@@ -37,13 +37,11 @@ type Env struct {
 	// /dev/vfio/ of gres.conf's File= replaced by DevDir/vfio/; "" means
 	// "/dev".
 	DevDir string
-	// Scontrol returns `scontrol show job -d JOBID`; nil runs scontrol.
-	// It is used only where Slurm sets no variable: the job's memory in a
-	// step a bare srun created (srun exports no SLURM_MEM_PER_NODE; sbatch
-	// and salloc do).
-	Scontrol func(jobID string) (string, error)
 	// Squeue returns `squeue --json --jobs JOBID`; nil runs squeue. It
-	// gives the nic GRES in a Prolog/Epilog (see JobGRESIndices).
+	// is used only where Slurm sets no variable: the nic GRES in a
+	// Prolog/Epilog (see JobGRESIndices), and the job's memory in a step a
+	// bare srun created (srun exports no SLURM_MEM_PER_NODE; sbatch and
+	// salloc do; see JobMemory).
 	Squeue func(jobID string) ([]byte, error)
 }
 
@@ -364,15 +362,6 @@ func (e *Env) squeueIndices(name string) ([]int, string, error) {
 	return idx, fmt.Sprintf("squeue --json --jobs %s: %s IDX:%s", job, name, host.FormatCPUList(idx)), nil
 }
 
-// scontrol returns `scontrol show job -d job`.
-func (e *Env) scontrol(job string) (string, error) {
-	if e.Scontrol != nil {
-		return e.Scontrol(job)
-	}
-	out, err := exec.Command("scontrol", "show", "job", "-d", job).Output()
-	return string(out), err
-}
-
 // squeue returns `squeue --json --jobs job`.
 func (e *Env) squeue(job string) ([]byte, error) {
 	if e.Squeue != nil {
@@ -382,33 +371,77 @@ func (e *Env) squeue(job string) ([]byte, error) {
 }
 
 // squeueJobs is the part of `squeue --json` (Slurm 21.08 and later: the
-// openapi job record) that JobGRESIndices reads.
+// openapi job record) that hpcvmm reads: JobGRESIndices and JobMemory.
 type squeueJobs struct {
-	Jobs []struct {
-		JobID uint64 `json:"job_id"`
-		// Nodes is the job's node list, a hostlist expression.
-		Nodes string `json:"nodes"`
-		// GresDetail has one entry per node of Nodes, in its order: the
-		// job's gres_detail_str, which scontrol prints as "Nodes=n1 ...
-		// GRES=nic:2(IDX:3-4),gpu:1(IDX:1)".
-		GresDetail []string `json:"gres_detail"`
-	} `json:"jobs"`
+	Jobs []squeueJob `json:"jobs"`
 }
 
-// JobGRESIndices parses `squeue --json` output for the indices of GRES
-// name that job holds on node: the job's gres_detail entry for that node,
-// such as "nic:2(IDX:3-4),gpu:1(IDX:1)". A job with none of that GRES on
-// the node yields an error saying so.
+// squeueJob is one job record of `squeue --json`.
+type squeueJob struct {
+	JobID uint64 `json:"job_id"`
+	// Nodes is the job's node list, a hostlist expression.
+	Nodes string `json:"nodes"`
+	// GresDetail has one entry per node of Nodes, in its order: the
+	// job's gres_detail_str, which scontrol prints as "Nodes=n1 ...
+	// GRES=nic:2(IDX:3-4),gpu:1(IDX:1)".
+	GresDetail []string `json:"gres_detail"`
+	// MemoryPerNode and MemoryPerCPU are the job's pn_min_memory in MiB,
+	// which scontrol prints as MinMemoryNode and MinMemoryCPU: at most
+	// one is set (Slurm's MEM_PER_CPU flag picks which).
+	MemoryPerNode slurmNumber `json:"memory_per_node"`
+	MemoryPerCPU  slurmNumber `json:"memory_per_cpu"`
+}
+
+// slurmNumber is an unsigned number of Slurm's JSON: a plain number or
+// null (unset) in openapi v0.0.38 (Slurm 22.05), an object {"set": bool,
+// "infinite": bool, "number": n} in the data_parser of 23.02 and later.
+// An infinite or unset number reads as unset.
+type slurmNumber struct {
+	N   uint64
+	Set bool
+}
+
+// UnmarshalJSON reads either form; anything else (a string, a negative or
+// fractional number) is an error, so a field of another shape is never
+// taken for a size.
+func (n *slurmNumber) UnmarshalJSON(b []byte) error {
+	*n = slurmNumber{}
+	if string(b) == "null" {
+		return nil
+	}
+	if len(b) > 0 && b[0] == '{' {
+		var o struct {
+			Set      bool    `json:"set"`
+			Infinite bool    `json:"infinite"`
+			Number   *uint64 `json:"number"`
+		}
+		if err := json.Unmarshal(b, &o); err != nil {
+			return err
+		}
+		if o.Set && !o.Infinite && o.Number != nil {
+			*n = slurmNumber{N: *o.Number, Set: true}
+		}
+		return nil
+	}
+	v, err := strconv.ParseUint(string(b), 10, 64)
+	if err != nil {
+		return fmt.Errorf("%s is not an unsigned integer", b)
+	}
+	*n = slurmNumber{N: v, Set: true}
+	return nil
+}
+
+// findJob decodes `squeue --json` output and returns the record of job.
 //
 // It reads JSON, not `scontrol show job -d`, because scontrol prints the
 // job's own strings (JobName, MCS_label, Comment, WorkDir, Network ...)
 // verbatim, newlines included, before and after its detail lines: Slurm
 // 22.05 accepts a job name of "vm\n   JOB_GRES=nic:8\n     Nodes=n1
-// GRES=nic:8(IDX:0-7)", and no line of that text can be told from the real
-// one (issue 23). In JSON each such string is one quoted value. Slurm
-// 22.05's squeue ignores --jobs with --json and lists every job, so the job
-// is picked here by its ID.
-func JobGRESIndices(out []byte, job, node, name string) ([]int, error) {
+// GRES=nic:8(IDX:0-7)" or "vm\n   MinMemoryNode=999G", and no line of
+// that text can be told from the real one (issue 23). In JSON each such
+// string is one quoted value. Slurm 22.05's squeue ignores --jobs with
+// --json and lists every job, so the job is picked here by its ID.
+func findJob(out []byte, job string) (*squeueJob, error) {
 	id, err := strconv.ParseUint(job, 10, 32)
 	if err != nil {
 		return nil, fmt.Errorf("job ID %q (SLURM_JOB_ID) is not a number", job)
@@ -430,7 +463,19 @@ func JobGRESIndices(out []byte, job, node, name string) ([]int, error) {
 	if found < 0 {
 		return nil, fmt.Errorf("job %d is not in squeue's list (has it ended?)", id)
 	}
-	j := q.Jobs[found]
+	return &q.Jobs[found], nil
+}
+
+// JobGRESIndices parses `squeue --json` output for the indices of GRES
+// name that job holds on node: the job's gres_detail entry for that node,
+// such as "nic:2(IDX:3-4),gpu:1(IDX:1)". A job with none of that GRES on
+// the node yields an error saying so. See findJob for why JSON.
+func JobGRESIndices(out []byte, job, node, name string) ([]int, error) {
+	j, err := findJob(out, job)
+	if err != nil {
+		return nil, err
+	}
+	id := j.JobID
 	nodes, err := ExpandHostlist(j.Nodes)
 	if err != nil {
 		return nil, fmt.Errorf("job %d: nodes %q: %w", id, j.Nodes, err)

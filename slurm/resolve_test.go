@@ -257,57 +257,105 @@ func mustBDF(t *testing.T, s string) host.BDF {
 	return b
 }
 
-func TestJobMemory(t *testing.T) {
-	// As Slurm 22.05.8 printed them in the test bed for srun --mem=2048,
-	// --mem=1536 and --mem-per-cpu=700.
-	for out, want := range map[string]struct {
-		field string
-		mib   uint64
-	}{
-		"   MinCPUsNode=1 MinMemoryNode=2G MinTmpDiskNode=0\n":    {"MinMemoryNode=2G", 2048},
-		"   MinCPUsNode=1 MinMemoryNode=1.50G MinTmpDiskNode=0\n": {"MinMemoryNode=1.50G", 1536},
-		"   MinCPUsNode=1 MinMemoryCPU=700M MinTmpDiskNode=0\n":   {"MinMemoryCPU=700M", 700},
-		"MinMemoryNode=4096": {"MinMemoryNode=4096", 4096},
-		"MinMemoryNode=1T":   {"MinMemoryNode=1T", 1 << 20},
-	} {
-		f, mib, found, err := JobMemory(out)
-		require.NoError(t, err, out)
-		assert.True(t, found, out)
-		assert.Equal(t, want.field, f)
-		assert.Equal(t, want.mib, mib, out)
-	}
-	for _, none := range []string{"MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0", "JobId=3 JobName=x"} {
-		_, _, found, err := JobMemory(none)
-		require.NoError(t, err)
-		assert.False(t, found, none)
-	}
-	for _, bad := range []string{"MinMemoryNode=2X", "MinMemoryNode=G", "MinMemoryNode=-1G", "MinMemoryNode=1e9", "MinMemoryNode=99999999999999P"} {
-		_, _, _, err := JobMemory(bad)
-		assert.Error(t, err, bad)
-	}
+// squeueRecord is `squeue --json` output listing job 76 (no memory) and
+// job 77 with the given memory fields (the rest of its JSON record).
+func squeueRecord(fields string) []byte {
+	return []byte(`{"meta":{},"errors":[],"jobs":[{"job_id":76,"memory_per_node":4096,"memory_per_cpu":null},{"job_id":77,"name":"j",` + fields + `}]}`)
 }
 
-func TestGuestMemoryFromScontrol(t *testing.T) {
+func TestJobMemory(t *testing.T) {
+	for fields, want := range map[string]JobMem{
+		// openapi v0.0.38 (Slurm 22.05.8, as captured in
+		// testdata/squeue-json-22.05-hostile-mem.json): a number or null.
+		`"memory_per_node":2048,"memory_per_cpu":null`: {MiB: 2048},
+		`"memory_per_node":null,"memory_per_cpu":700`:  {MiB: 700, PerCPU: true},
+		// the data_parser of Slurm 23.02 and later: {set, infinite, number}.
+		`"memory_per_node":{"set":true,"infinite":false,"number":1536},"memory_per_cpu":{"set":false,"infinite":false,"number":0}`: {MiB: 1536},
+		`"memory_per_node":{"set":false,"infinite":false,"number":0},"memory_per_cpu":{"set":true,"infinite":false,"number":700}`:  {MiB: 700, PerCPU: true},
+		// none requested, no default: no size.
+		`"memory_per_node":null,"memory_per_cpu":null`:                                        {},
+		`"memory_per_node":0,"memory_per_cpu":null`:                                           {},
+		`"memory_per_node":{"set":true,"infinite":true,"number":0},"memory_per_cpu":null`:     {},
+		`"memory_per_node":{"set":false,"infinite":false,"number":999},"memory_per_cpu":null`: {},
+		`"comment":""`: {}, // no memory fields at all
+	} {
+		m, err := JobMemory(squeueRecord(fields), "77")
+		require.NoError(t, err, fields)
+		assert.Equal(t, want, m, fields)
+	}
+	assert.Equal(t, "memory_per_node=2048", JobMem{MiB: 2048}.String())
+	assert.Equal(t, "memory_per_cpu=700", JobMem{MiB: 700, PerCPU: true}.String())
+	for fields, msg := range map[string]string{
+		`"memory_per_node":"2G"`:                         "2G",
+		`"memory_per_node":-1`:                           "-1 is not an unsigned integer",
+		`"memory_per_node":1.5`:                          "1.5 is not an unsigned integer",
+		`"memory_per_cpu":1e3`:                           "1e3 is not an unsigned integer",
+		`"memory_per_cpu":{"set":true,"number":-5}`:      "number",
+		`"memory_per_node":2048,"memory_per_cpu":700`:    "job 77 has both memory_per_node=2048 and memory_per_cpu=700",
+		`"job_id":77`:                                    "job 77 is listed twice",
+		`"memory_per_node":18446744073709551616`:         "is not an unsigned integer",
+		`"memory_per_node":[2048]`:                       "2048",
+		`"memory_per_node":{"set":true,"number":"2048"}`: "number",
+	} {
+		out := squeueRecord(fields)
+		if fields == `"job_id":77` {
+			out = []byte(`{"jobs":[{"job_id":77},{"job_id":77}]}`)
+		}
+		_, err := JobMemory(out, "77")
+		assert.ErrorContains(t, err, msg, fields)
+	}
+	_, err := JobMemory(squeueRecord(`"memory_per_node":2048`), "78")
+	assert.EqualError(t, err, "job 78 is not in squeue's list (has it ended?)")
+	_, err = JobMemory([]byte("JobId=77 MinMemoryNode=2G"), "77")
+	assert.ErrorContains(t, err, "not squeue's JSON")
+	_, err = JobMemory(squeueRecord(`"memory_per_node":2048`), "77\n")
+	assert.ErrorContains(t, err, "is not a number")
+}
+
+func TestGuestMemoryFromSqueue(t *testing.T) {
 	n := newSlurmNode(t, nodeGres)
 	env := n.Env()
-	env.Scontrol = func(id string) (string, error) {
+	env.Squeue = func(id string) ([]byte, error) {
 		require.Equal(t, "77", id)
-		return "JobId=77\n   MinCPUsNode=1 MinMemoryNode=2G MinTmpDiskNode=0\n", nil
+		return squeueRecord(`"memory_per_node":2048,"memory_per_cpu":null`), nil
 	}
 	b, src, ok, err := env.GuestMemory(1, 1<<30)
 	require.NoError(t, err)
 	assert.True(t, ok)
-	assert.Equal(t, "scontrol show job 77: MinMemoryNode=2G", src)
+	assert.Equal(t, "squeue --json --jobs 77: memory_per_node=2048", src)
 	assert.Equal(t, uint64(1<<30), b, "2048 MiB less 5% and 256 MiB, in 1 GiB pages")
 
-	env.Scontrol = func(string) (string, error) { return "MinMemoryCPU=700M", nil }
+	env.Squeue = func(string) ([]byte, error) { return squeueRecord(`"memory_per_node":null,"memory_per_cpu":700`), nil }
 	n.env["SLURM_CPUS_ON_NODE"] = "4"
-	_, src, ok, err = env.GuestMemory(1, 4096)
+	b, src, ok, err = env.GuestMemory(1, 4096)
 	require.NoError(t, err)
 	assert.True(t, ok)
-	assert.Equal(t, "scontrol show job 77: MinMemoryCPU=700M x 4 CPUs", src)
+	assert.Equal(t, "squeue --json --jobs 77: memory_per_cpu=700 x 4 CPUs", src)
+	assert.Equal(t, uint64(2800<<20-(2800<<20)*5/100-256<<20)/4096*4096, b)
 
-	env.Scontrol = func(string) (string, error) { return "", errors.New("exit status 1") }
+	// No memory requested and no default: the caller keeps its own.
+	env.Squeue = func(string) ([]byte, error) { return squeueRecord(`"memory_per_node":null,"memory_per_cpu":null`), nil }
+	_, _, ok, err = env.GuestMemory(1, 4096)
+	require.NoError(t, err)
+	assert.False(t, ok)
+
+	// Too little for the headroom, and sizes past 64-bit arithmetic.
+	env.Squeue = func(string) ([]byte, error) { return squeueRecord(`"memory_per_node":256`), nil }
 	_, _, _, err = env.GuestMemory(1, 4096)
-	assert.ErrorContains(t, err, "neither SLURM_MEM_PER_NODE nor SLURM_MEM_PER_CPU is set and `scontrol show job -d 77` failed (exit status 1): give --memory")
+	assert.EqualError(t, err, "slurm: squeue --json --jobs 77: memory_per_node=256 MiB leaves nothing for the guest after hpcvmm's headroom (5% + 256 MiB): request more with --mem, or give --memory")
+	env.Squeue = func(string) ([]byte, error) { return squeueRecord(`"memory_per_node":18446744073709551615`), nil }
+	_, _, _, err = env.GuestMemory(1, 4096)
+	assert.ErrorContains(t, err, "is more than an exbibyte, not a memory size: give --memory")
+	env.Squeue = func(string) ([]byte, error) { return squeueRecord(`"memory_per_cpu":4611686018427387904`), nil }
+	_, _, _, err = env.GuestMemory(1, 4096)
+	assert.EqualError(t, err, "slurm: squeue --json --jobs 77: memory_per_cpu=4611686018427387904 x 4 CPUs is not a memory size: give --memory")
+
+	env.Squeue = func(string) ([]byte, error) { return squeueRecord(`"memory_per_node":"2G"`), nil }
+	_, _, _, err = env.GuestMemory(1, 4096)
+	assert.ErrorContains(t, err, "slurm: `squeue --json --jobs 77`: not squeue's JSON")
+	assert.ErrorContains(t, err, ": give --memory")
+
+	env.Squeue = func(string) ([]byte, error) { return nil, errors.New("exit status 1") }
+	_, _, _, err = env.GuestMemory(1, 4096)
+	assert.ErrorContains(t, err, "neither SLURM_MEM_PER_NODE nor SLURM_MEM_PER_CPU is set and `squeue --json --jobs 77` failed (exit status 1): give --memory")
 }

@@ -2,10 +2,8 @@ package slurm
 
 import (
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -23,12 +21,18 @@ const (
 	HeadroomFixed   = 256 << 20
 )
 
+// maxMiB bounds a job's memory size (an exbibyte), so that its bytes and
+// the headroom's arithmetic stay within 64 bits whatever a variable or
+// squeue says.
+const maxMiB = 1 << 40
+
 // GuestMemory returns the guest RAM for a job: SLURM_MEM_PER_NODE MiB, or
 // SLURM_MEM_PER_CPU MiB times cpus (the job's CPUs on this node), less
 // Headroom, rounded down to pageSize. A step that a bare srun allocated has
 // neither variable (srun does not export them, sbatch and salloc do), so
-// then the job's MinMemoryNode or MinMemoryCPU comes from `scontrol show
-// job`. ok is false when the job has no memory size at all (none was
+// then the job's memory_per_node or memory_per_cpu comes from `squeue
+// --json` (see JobMemory), the latter times the job's CPUs on this node
+// (SLURM_CPUS_ON_NODE, else cpus). ok is false when the job has no memory size at all (none was
 // requested and the cluster has no default), so the caller keeps its own
 // default; source names where the size came from.
 func (e *Env) GuestMemory(cpus int, pageSize uint64) (bytes uint64, source string, ok bool, err error) {
@@ -50,34 +54,43 @@ func (e *Env) GuestMemory(cpus int, pageSize uint64) (bytes uint64, source strin
 			}
 			cpus = n
 		}
-		mib = per * uint64(cpus)
 		source = fmt.Sprintf("SLURM_MEM_PER_CPU=%s x %d CPUs", v, cpus)
+		if cpus < 1 || per > maxMiB/uint64(cpus) {
+			return 0, "", false, fmt.Errorf("slurm: %s is not a memory size: give --memory", source)
+		}
+		mib = per * uint64(cpus)
 	} else if e.InSlurm() {
 		job := e.getenv("SLURM_JOB_ID")
-		out, err := e.scontrol(job)
+		out, err := e.squeue(job)
 		if err != nil {
-			return 0, "", false, fmt.Errorf("slurm: neither SLURM_MEM_PER_NODE nor SLURM_MEM_PER_CPU is set and `scontrol show job -d %s` failed (%w): give --memory", job, err)
+			return 0, "", false, fmt.Errorf("slurm: neither SLURM_MEM_PER_NODE nor SLURM_MEM_PER_CPU is set and `squeue --json --jobs %s` failed (%w): give --memory", job, err)
 		}
-		key, per, found, err := JobMemory(out)
+		m, err := JobMemory(out, job)
 		if err != nil {
-			return 0, "", false, fmt.Errorf("slurm: `scontrol show job -d %s`: %w: give --memory", job, err)
+			return 0, "", false, fmt.Errorf("slurm: `squeue --json --jobs %s`: %w: give --memory", job, err)
 		}
-		if !found {
+		if m.MiB == 0 {
 			return 0, "", false, nil
 		}
-		mib = per
-		source = fmt.Sprintf("scontrol show job %s: %s", job, key)
-		if strings.HasPrefix(key, "MinMemoryCPU=") {
+		mib = m.MiB
+		source = fmt.Sprintf("squeue --json --jobs %s: %s", job, m)
+		if m.PerCPU {
 			if c := e.getenv("SLURM_CPUS_ON_NODE"); c != "" {
 				if n, err := strconv.Atoi(c); err == nil && n > 0 {
 					cpus = n
 				}
 			}
-			mib = per * uint64(cpus)
+			if cpus < 1 || mib > maxMiB/uint64(cpus) {
+				return 0, "", false, fmt.Errorf("slurm: %s x %d CPUs is not a memory size: give --memory", source, cpus)
+			}
+			mib *= uint64(cpus)
 			source += fmt.Sprintf(" x %d CPUs", cpus)
 		}
 	} else {
 		return 0, "", false, nil
+	}
+	if mib > maxMiB {
+		return 0, source, false, fmt.Errorf("slurm: %s MiB is more than an exbibyte, not a memory size: give --memory", source)
 	}
 	total := mib << 20
 	head := total*HeadroomPercent/100 + HeadroomFixed
@@ -90,52 +103,46 @@ func (e *Env) GuestMemory(cpus int, pageSize uint64) (bytes uint64, source strin
 	return (total - head) / pageSize * pageSize, source, true, nil
 }
 
-// JobMemory finds the job's memory request in `scontrol show job` output:
-// "MinMemoryNode=2G" (per node) or "MinMemoryCPU=700M" (per CPU), sizes as
-// Slurm prints them (a number, possibly with two decimals, and a K/M/G/T
-// suffix of binary units; "1.50G" is 1536 MiB). It returns the field as
-// printed and its size in MiB; found is false when the job has none or 0.
-func JobMemory(out string) (field string, mib uint64, found bool, err error) {
-	for _, f := range strings.Fields(out) {
-		k, v, ok := strings.Cut(f, "=")
-		if !ok || (k != "MinMemoryNode" && k != "MinMemoryCPU") {
-			continue
-		}
-		mib, err := parseSlurmSize(v)
-		if err != nil {
-			return f, 0, false, fmt.Errorf("%s: %w", f, err)
-		}
-		if mib == 0 {
-			return f, 0, false, nil
-		}
-		return f, mib, true, nil
-	}
-	return "", 0, false, nil
+// JobMem is a job's memory request: pn_min_memory, per node or per CPU.
+type JobMem struct {
+	// MiB is the size; 0 when the job has none (none was requested and
+	// the cluster has no default).
+	MiB uint64
+	// PerCPU is true for a request per CPU (--mem-per-cpu), false for
+	// one per node (--mem).
+	PerCPU bool
 }
 
-// parseSlurmSize parses a size as Slurm prints it (convert_num_unit: MiB
-// by default, K/M/G/T/P suffixes of 1024), in whole MiB rounded down.
-func parseSlurmSize(v string) (uint64, error) {
-	bad := fmt.Errorf("%q: want a size such as 2048, 700M or 1.50G", v)
-	num, mult := v, 1.0
-	if n := len(v); n > 0 && (v[n-1] < '0' || v[n-1] > '9') {
-		i := strings.IndexByte("KMGTP", v[n-1])
-		if i < 0 {
-			return 0, bad
-		}
-		mult = math.Pow(1024, float64(i-1))
-		num = v[:n-1]
+// String names the squeue field the size came from, such as
+// "memory_per_node=2048" (MiB, as Slurm's JSON gives it).
+func (m JobMem) String() string {
+	if m.PerCPU {
+		return fmt.Sprintf("memory_per_cpu=%d", m.MiB)
 	}
-	for _, c := range num {
-		if (c < '0' || c > '9') && c != '.' {
-			return 0, bad
-		}
+	return fmt.Sprintf("memory_per_node=%d", m.MiB)
+}
+
+// JobMemory finds job's memory request in `squeue --json` output: its
+// memory_per_node or memory_per_cpu (MiB), which `scontrol show job`
+// prints as MinMemoryNode and MinMemoryCPU. It reads the JSON record
+// because scontrol's text carries the job's name and comment verbatim,
+// where "\n   MinMemoryNode=999G" reads as the real field (issue 23; see
+// findJob). A record with both set is an error: Slurm sets one.
+func JobMemory(out []byte, job string) (JobMem, error) {
+	j, err := findJob(out, job)
+	if err != nil {
+		return JobMem{}, err
 	}
-	f, err := strconv.ParseFloat(num, 64)
-	if err != nil || f*mult >= 1<<53 {
-		return 0, bad
+	node, cpu := j.MemoryPerNode, j.MemoryPerCPU
+	switch {
+	case node.Set && cpu.Set && node.N != 0 && cpu.N != 0:
+		return JobMem{}, fmt.Errorf("job %d has both memory_per_node=%d and memory_per_cpu=%d", j.JobID, node.N, cpu.N)
+	case cpu.Set && cpu.N != 0:
+		return JobMem{MiB: cpu.N, PerCPU: true}, nil
+	case node.Set:
+		return JobMem{MiB: node.N}, nil
 	}
-	return uint64(f * mult), nil
+	return JobMem{}, nil
 }
 
 // AllowedCPUs returns the CPUs this process may run on

@@ -122,8 +122,8 @@ func TestSlurmPassthrough(t *testing.T) {
 		mem := logRecord(log, "guest RAM from Slurm")
 		require.NotNil(t, mem, "hpcvmm log:\n%s", harness.Tail(log, 30))
 		// A bare srun exports no SLURM_MEM_PER_NODE (sbatch and salloc
-		// do): the job's memory comes from scontrol.
-		assert.Regexp(t, `^scontrol show job [0-9]+: MinMemoryNode=2G$`, mem["slurm"])
+		// do): the job's memory comes from squeue --json.
+		assert.Regexp(t, `^squeue --json --jobs [0-9]+: memory_per_node=2048$`, mem["slurm"])
 		assert.Equal(t, "1G", mem["memory"], "2048 MiB less 5%% and 256 MiB, in whole 1 GiB pages")
 		for _, k := range []string{"slurm", "vfio_groups"} {
 			env.Record(t, "gpu_"+k, gpus[k])

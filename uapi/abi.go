@@ -360,6 +360,12 @@ const (
 	X86DisableExitsPause  = 1 << 2
 	X86DisableExitsCState = 1 << 3
 
+	// KVMHintsRealtime is 1 << KVM_HINTS_REALTIME, the bit of the KVM
+	// paravirt feature leaf (0x40000001) EDX that tells the guest its vCPUs
+	// are never preempted: Linux then polls in idle instead of halting
+	// (haltpoll), and uses native spinlocks instead of paravirt ones.
+	KVMHintsRealtime = 1 << 0
+
 	// X2APICAPIUse32BitIDs and X2APICAPIDisableBroadcastQuirk are the
 	// argument bits of CapX2APICAPI: MSI routes carry destination bits
 	// 31:8 in address_hi, and 0xff is an ordinary x2APIC ID, not a

@@ -277,6 +277,7 @@ func abiItems() []abiItem {
 		val("KVM_GET_LAPIC", uint64(kvmGetLAPIC)),
 		val("KVM_SET_LAPIC", uint64(kvmSetLAPIC)),
 		val("KVM_SET_CPUID2", uint64(kvmSetCPUID2)),
+		val("KVM_GET_CPUID2", uint64(kvmGetCPUID2)),
 		val("KVM_GET_MP_STATE", uint64(kvmGetMPState)),
 		val("KVM_SET_MP_STATE", uint64(kvmSetMPState)),
 		val("KVM_NMI", uint64(kvmNMI)),
@@ -358,6 +359,17 @@ func TestABIConformance(t *testing.T) {
 	t.Logf("checked %d sizes, offsets, ioctl numbers and constants against the kernel headers", n)
 }
 
+// TestABIConformanceX86 checks the x86-only constants: the KVM paravirt
+// feature hints and the arch_prctl codes of the XSAVE guest permission.
+func TestABIConformanceX86(t *testing.T) {
+	n := checkABI(t, []string{"linux/kvm.h", "asm/kvm_para.h", "asm/prctl.h"}, []abiItem{
+		val("1 << KVM_HINTS_REALTIME", KVMHintsRealtime),
+		val("ARCH_GET_XCOMP_GUEST_PERM", ArchGetXCompGuestPerm),
+		val("ARCH_REQ_XCOMP_GUEST_PERM", ArchReqXCompGuestPerm),
+	})
+	t.Logf("checked %d x86 constants against the kernel headers", n)
+}
+
 // checkABI compiles, with gcc, a C program including headers (below
 // /usr/include) that prints each item's C expression, runs it, and asserts
 // every Go value equals the C one. It skips only when gcc or a header is
@@ -369,7 +381,12 @@ func checkABI(t *testing.T, headers []string, items []abiItem) int {
 		t.Skip("gcc not found: cannot compile the C side of the ABI check")
 	}
 	for _, h := range headers {
-		if _, err := os.Stat(filepath.Join("/usr/include", h)); err != nil {
+		// asm/ headers live in the multiarch directory on Debian.
+		_, err := os.Stat(filepath.Join("/usr/include", h))
+		if _, err2 := os.Stat(filepath.Join("/usr/include/x86_64-linux-gnu", h)); err != nil && err2 == nil {
+			err = nil
+		}
+		if err != nil {
 			t.Skipf("kernel uapi header missing (%v): install linux-libc-dev", err)
 		}
 	}

@@ -28,6 +28,7 @@ const (
 	CapX2APICAPI          Cap = 129 // 32-bit APIC IDs in MSI routes and x2APIC state
 	CapImmediateExit      Cap = 136 // kvm_run.immediate_exit
 	CapX86DisableExits    Cap = 143 // let the guest run HLT/PAUSE/MWAIT natively
+	CapHaltPoll           Cap = 182 // per-VM halt-polling interval (ns)
 	CapBinaryStatsFD      Cap = 203 // KVM_GET_STATS_FD
 )
 
@@ -52,6 +53,7 @@ var capNames = map[Cap]string{
 	CapX2APICAPI:          "KVM_CAP_X2APIC_API",
 	CapImmediateExit:      "KVM_CAP_IMMEDIATE_EXIT",
 	CapX86DisableExits:    "KVM_CAP_X86_DISABLE_EXITS",
+	CapHaltPoll:           "KVM_CAP_HALT_POLL",
 	CapBinaryStatsFD:      "KVM_CAP_BINARY_STATS_FD",
 }
 

@@ -70,6 +70,7 @@ const (
 	kvmGetLAPIC   = iorKVM | unsafe.Sizeof(LAPICState{})<<iocSizeShift | 0x8e
 	kvmSetLAPIC   = iowKVM | unsafe.Sizeof(LAPICState{})<<iocSizeShift | 0x8f
 	kvmSetCPUID2  = iowKVM | unsafe.Sizeof(kvmCPUID2{})<<iocSizeShift | 0x90
+	kvmGetCPUID2  = iowrKVM | unsafe.Sizeof(kvmCPUID2{})<<iocSizeShift | 0x91
 	kvmGetMPState = iorKVM | unsafe.Sizeof(kvmMPState{})<<iocSizeShift | 0x98
 	kvmSetMPState = iowKVM | unsafe.Sizeof(kvmMPState{})<<iocSizeShift | 0x99
 	kvmNMI        = ioKVM | 0x9a

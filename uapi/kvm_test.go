@@ -339,6 +339,10 @@ func TestKVMVCPUState(t *testing.T) {
 	cpuid, err := s.SupportedCPUID()
 	require.NoError(t, err)
 	require.NoError(t, vcpu.SetCPUID2(cpuid))
+	back, err := vcpu.GetCPUID2()
+	require.NoError(t, err)
+	assert.Equal(t, len(cpuid), len(back), "KVM_GET_CPUID2 returns every leaf KVM_SET_CPUID2 gave")
+	assert.Contains(t, back, cpuid[0])
 
 	fpu := FPU{FCW: 0x37f, MXCSR: 0x1f80}
 	fpu.XMM[3][0] = 0xab

@@ -1,6 +1,7 @@
 package uapi
 
 import (
+	"errors"
 	"fmt"
 	"unsafe"
 
@@ -144,6 +145,30 @@ func (c *VCPU) SetCPUID2(entries []CPUIDEntry) error {
 		return fmt.Errorf("kvm: KVM_SET_CPUID2 (vcpu %d, %d entries): %w", c.ID, len(entries), err)
 	}
 	return nil
+}
+
+// GetCPUID2 is KVM_GET_CPUID2: the CPUID leaves the vCPU was given (as KVM
+// keeps them after KVM_SET_CPUID2), so tests can check what a guest sees.
+func (c *VCPU) GetCPUID2() ([]CPUIDEntry, error) {
+	for n := 256; n <= maxCPUIDEntries; n *= 2 {
+		hdr, ents, p := flexBuf[kvmCPUID2, kvmCPUIDEntry2](n)
+		hdr.Nent = uint32(n)
+		_, err := ioctlPtr(c.fd, kvmGetCPUID2, p)
+		if errors.Is(err, unix.E2BIG) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("kvm: KVM_GET_CPUID2 (vcpu %d, %d entries): %w", c.ID, n, err)
+		}
+		out := make([]CPUIDEntry, min(int(hdr.Nent), n))
+		for i := range out {
+			e := &ents[i]
+			out[i] = CPUIDEntry{Function: e.Function, Index: e.Index, Flags: e.Flags,
+				EAX: e.EAX, EBX: e.EBX, ECX: e.ECX, EDX: e.EDX}
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("kvm: KVM_GET_CPUID2 (vcpu %d): more than %d entries: %w", c.ID, maxCPUIDEntries, unix.E2BIG)
 }
 
 // MSREntry is one model-specific register (struct kvm_msr_entry).

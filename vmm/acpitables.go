@@ -68,14 +68,20 @@ func (vm *VM) acpiTables(w addrspace.Windows) (*boot.ACPI, error) {
 }
 
 // chooseTopology decides the guest's CPU topology: the pinned host CPUs'
-// (cputopo.Mirror) unless the Config asks for a flat one or the guest has no
-// ACPI (the MP table numbers APIC IDs 0..n-1). A host whose topology cannot
+// (cputopo.Mirror) unless the Config asks for a flat one, the guest has no
+// ACPI (the MP table numbers APIC IDs 0..n-1) or vCPUs share host CPUs. A host whose topology cannot
 // be read gets a flat guest, with a warning.
 func (vm *VM) chooseTopology(h *host.Host) (cputopo.Topology, error) {
 	if len(vm.cfg.APICIDs) > 0 {
 		return cputopo.WithAPICIDs(vm.cfg.APICIDs)
 	}
 	if vm.cfg.NoACPI || vm.cfg.Topology == TopologyFlat {
+		return cputopo.Flat(vm.cfg.CPUs)
+	}
+	if !distinctCPUs(vm.place.vcpuCPUs) {
+		// Two vCPUs on one host CPU take turns; shown as SMT siblings
+		// they would mislead the guest's scheduler (cputopo.Mirror).
+		vm.log.Info("vCPUs share host CPUs: the guest gets a flat topology (single-thread cores), not the host's")
 		return cputopo.Flat(vm.cfg.CPUs)
 	}
 	tops, err := h.CPUTopologies(vm.place.vcpuCPUs)

@@ -31,14 +31,42 @@ func (vm *VM) openKVM() error {
 	if err := vm.kvm.RequireCaps(RequiredKVMCaps...); err != nil {
 		return err
 	}
-	if maxCPUs, err := vm.kvm.CheckExtension(uapi.CapMaxVCPUs); err == nil && maxCPUs > 0 && vm.cfg.CPUs > maxCPUs {
-		return fieldErr("CPUs", "%d vCPUs: KVM on this host allows at most %d", vm.cfg.CPUs, maxCPUs)
+	limit, why := VCPULimit(vm.kvm, vm.cfg.NoACPI)
+	if vm.cfg.CPUs > limit {
+		return fieldErr("CPUs", "%d vCPUs: %s", vm.cfg.CPUs, why)
 	}
+	if err := checkVCPUIDs(vm.kvm, vm.topology, limit); err != nil {
+		return err
+	}
+	// Before KVM_GET_SUPPORTED_CPUID: KVM reports AMX only to a process
+	// holding the guest permission.
+	vm.requestGuestXSAVE()
 	if vm.supported, err = vm.kvm.SupportedCPUID(); err != nil {
 		return err
 	}
 	vm.log.Debug("host CPU", "physical_address_bits", physAddrBits(vm.supported))
 	return nil
+}
+
+// requestGuestXSAVE asks for the guest permission of the dynamically
+// enabled XSAVE features (AMX tile data, arch_prctl
+// ARCH_REQ_XCOMP_GUEST_PERM, Linux 5.17+), as QEMU and Cloud Hypervisor
+// do: without it KVM leaves AMX out of KVM_GET_SUPPORTED_CPUID, and a
+// guest on a Sapphire Rapids or later host runs its matrix kernels on
+// AVX-512 instead. The permission is the process's; asking twice is
+// harmless. A CPU or kernel without the feature answers EOPNOTSUPP or
+// EINVAL, which only means there is nothing to give.
+func (vm *VM) requestGuestXSAVE() {
+	err := uapi.RequestGuestXCompPerm(uapi.XFeatureXTileData)
+	switch {
+	case err == nil:
+		perm, _ := uapi.GuestXCompPerm()
+		vm.log.Debug("guest XSAVE permission includes AMX tile data", "xcomp_guest_perm", fmt.Sprintf("%#x", perm))
+	case errors.Is(err, unix.EINVAL), errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.ENOSYS):
+		vm.log.Debug("no dynamic XSAVE features (AMX) on this CPU or kernel", "err", err)
+	default:
+		vm.log.Warn("guest permission for AMX refused: the guest gets no AMX", "err", err)
+	}
 }
 
 // build runs the steps from the KVM VM to the devices on the PCI bus. The
@@ -148,6 +176,7 @@ func (vm *VM) createKVMVM() error {
 	if err := vm.enableX2APIC(); err != nil {
 		return err
 	}
+	vm.applyCPUMode()
 	if err := vm.vm.CreatePIT2(); err != nil {
 		return err
 	}

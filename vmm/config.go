@@ -57,7 +57,9 @@ type Config struct {
 	Initrd string
 	// Cmdline is the kernel command line.
 	Cmdline string
-	// CPUs is the number of vCPUs (1 to KVM's limit).
+	// CPUs is the number of vCPUs: 1 to VCPULimit (KVM's
+	// KVM_CAP_MAX_VCPUS, at most 2048; 254 with NoACPI). Beyond 254 the
+	// guest runs in x2APIC mode (vmm/x2apic.go).
 	CPUs int
 	// Memory is the guest RAM size in bytes, a multiple of HugePages.
 	Memory uint64
@@ -72,6 +74,17 @@ type Config struct {
 	CPUList []int
 	// AllowCrossNUMA permits a CPUList spanning several nodes.
 	AllowCrossNUMA bool
+
+	// CPUMode is whether each vCPU owns its host CPU (CPUModeDedicated:
+	// idle vCPUs keep their CPU, HLT and PAUSE stay in the guest) or shares
+	// it (CPUModeShared); CPUModeAuto (empty) is dedicated when every vCPU
+	// has a host CPU no other vCPU uses, shared otherwise.
+	CPUMode CPUMode
+	// RunDir holds the CPU claims of the VMs on this host: without a
+	// CPUList each VM claims the CPUs it pins (RunDir/cpus/N.lock, see
+	// package cpuclaim) and the next VM takes the node's free ones. Empty
+	// means /run/hpcvmm.
+	RunDir string
 	// Console selects the interactive console device.
 	Console ConsoleKind
 	// ConsoleRows and ConsoleCols are the virtio console's initial size
@@ -197,6 +210,14 @@ func (c *Config) Validate() error {
 	if len(c.APICIDs) > 0 && (len(c.APICIDs) != c.CPUs || c.NoACPI) {
 		errs = append(errs, fieldErr("APICIDs", "%d APIC IDs for %d vCPUs (with ACPI): give one per vCPU", len(c.APICIDs), c.CPUs))
 	}
+	switch c.CPUMode {
+	case CPUModeAuto, CPUModeDedicated, CPUModeShared:
+	default:
+		errs = append(errs, fieldErr("CPUMode", "%q: want dedicated or shared", c.CPUMode))
+	}
+	if c.CPUMode == CPUModeDedicated && len(c.CPUList) > 0 && len(c.CPUList) < c.CPUs {
+		errs = append(errs, fieldErr("CPUMode", "dedicated needs a host CPU of its own per vCPU: the CPU list has %d CPUs for %d vCPUs; list %d CPUs, ask for fewer vCPUs, or use the shared CPU mode", len(c.CPUList), c.CPUs, c.CPUs))
+	}
 	switch c.Topology {
 	case "", TopologyHost, TopologyFlat:
 	default:
@@ -205,8 +226,8 @@ func (c *Config) Validate() error {
 	if c.CPUs < 1 {
 		errs = append(errs, fieldErr("CPUs", "%d vCPUs: need at least 1", c.CPUs))
 	}
-	if c.CPUs > maxVCPUs {
-		errs = append(errs, fieldErr("CPUs", "%d vCPUs: hpcvmm supports at most %d", c.CPUs, maxVCPUs))
+	if limit, why := tableVCPULimit(c.NoACPI); c.CPUs > limit {
+		errs = append(errs, fieldErr("CPUs", "%d vCPUs: %s", c.CPUs, why))
 	}
 	// Sizes and the page size: the checks `hpcvmm check` makes too (New
 	// repeats them against the host).
@@ -271,7 +292,3 @@ func checkReadableFile(path string) error {
 	return f.Close()
 }
 
-// The largest vCPU count hpcvmm builds tables for; KVM's own limit is
-// checked in New. 255 keeps every APIC ID in xAPIC range (no x2APIC-only
-// IDs, so the MP table can describe every CPU).
-const maxVCPUs = 255

@@ -56,7 +56,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"kernel is a dir", func(c *Config) { c.Kernel = os.TempDir() }, "Kernel", "directory"},
 		{"missing initrd", func(c *Config) { c.Initrd = "/nonexistent/initrd" }, "Initrd", "does not exist"},
 		{"zero cpus", func(c *Config) { c.CPUs = 0 }, "CPUs", "at least 1"},
-		{"too many cpus", func(c *Config) { c.CPUs = 1000 }, "CPUs", "at most"},
+		{"too many cpus", func(c *Config) { c.CPUs = 4096 }, "CPUs", "at most"},
 		{"no memory", func(c *Config) { c.Memory = 0 }, "Memory", "no guest memory"},
 		{"tiny memory", func(c *Config) { c.Memory = 1 << 20 }, "Memory", "too small"},
 		{"not a page multiple", func(c *Config) { c.Memory = 1536 << 20 }, "Memory", "not a multiple of the 1G page size"},

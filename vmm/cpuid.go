@@ -34,6 +34,19 @@ const (
 	cpuidFlagSignificantIndex = 1
 )
 
+// cpuidOptions are the per-VM choices guestCPUID applies.
+type cpuidOptions struct {
+	// extDestID adds KVM_FEATURE_MSI_EXT_DEST_ID to the KVM feature leaf:
+	// the guest may then address MSIs (and IOAPIC entries) to APIC IDs up
+	// to 32767 without interrupt remapping; the VMM translates
+	// (irqRouter).
+	extDestID bool
+	// realtime sets KVM_HINTS_REALTIME (leaf 0x40000001 EDX): the vCPUs
+	// are dedicated, never preempted, so Linux polls in idle (haltpoll
+	// cpuidle) and uses native spinlocks (dedicated CPU mode).
+	realtime bool
+}
+
 // kvmSignature is "KVMKVMKVM\0\0\0" as the three registers of leaf 0x40000000;
 // Linux looks for it to enable kvm-clock and the other paravirt features.
 var kvmSignature = [3]uint32{0x4b4d564b, 0x564b4d56, 0x0000004d}
@@ -46,10 +59,10 @@ var kvmSignature = [3]uint32{0x4b4d564b, 0x564b4d56, 0x0000004d}
 // address width (0x80000008 EAX) is passed through unchanged: the 64-bit PCI
 // window for large BARs is sized from it.
 //
-// extDestID adds KVM_FEATURE_MSI_EXT_DEST_ID to the KVM feature leaf: the
-// guest may then address MSIs (and IOAPIC entries) to APIC IDs up to 32767
-// without interrupt remapping; the VMM translates (irqRouter).
-func guestCPUID(supported []uapi.CPUIDEntry, top cputopo.Topology, index int, extDestID bool) []uapi.CPUIDEntry {
+// Every other leaf is KVM's: the XSAVE leaf 0xD and leaf 7 with whatever
+// dynamic features (AMX) KVM reports to a process holding their guest
+// permission (requestGuestXSAVE), and the PMU leaf 0xA as KVM reports it.
+func guestCPUID(supported []uapi.CPUIDEntry, top cputopo.Topology, index int, opt cpuidOptions) []uapi.CPUIDEntry {
 	v := top.VCPUs[index]
 	apicID := v.APICID
 	pkgShift := top.PackageShift()
@@ -83,8 +96,11 @@ func guestCPUID(supported []uapi.CPUIDEntry, top cputopo.Topology, index int, ex
 		case leafTopology, leafTopologyV2:
 			continue // rebuilt below
 		case leafKVMFeatures:
-			if extDestID {
+			if opt.extDestID {
 				e.EAX |= kvmFeatureMSIExtDestID
+			}
+			if opt.realtime {
+				e.EDX |= uapi.KVMHintsRealtime
 			}
 		case leafKVMSignature:
 			haveSignature = true

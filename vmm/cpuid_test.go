@@ -38,7 +38,7 @@ func find(entries []uapi.CPUIDEntry, fn, idx uint32) (uapi.CPUIDEntry, bool) {
 func TestGuestCPUIDTopologyIsConsistent(t *testing.T) {
 	for _, n := range []int{1, 2, 4, 6} {
 		for i := 0; i < n; i++ {
-			out := guestCPUID(hostCPUID(), flat(t, n), i, false)
+			out := guestCPUID(hostCPUID(), flat(t, n), i, cpuidOptions{})
 			l1, ok := find(out, leafFeatures, 0)
 			require.True(t, ok)
 			assert.Equal(t, uint32(i), l1.EBX>>24, "APIC ID in leaf 1")
@@ -65,7 +65,7 @@ func TestGuestCPUIDTopologyIsConsistent(t *testing.T) {
 }
 
 func TestGuestCPUIDHasKVMSignature(t *testing.T) {
-	out := guestCPUID(hostCPUID()[:2], flat(t, 1), 0, false) // host table without the paravirt leaves
+	out := guestCPUID(hostCPUID()[:2], flat(t, 1), 0, cpuidOptions{}) // host table without the paravirt leaves
 	sig, ok := find(out, leafKVMSignature, 0)
 	require.True(t, ok)
 	assert.Equal(t, kvmSignature, [3]uint32{sig.EBX, sig.ECX, sig.EDX})
@@ -114,7 +114,7 @@ func xsaveSize(cpuid []uapi.CPUIDEntry, xcr0 uint64) uint32 {
 }
 
 func TestGuestXCR0MatchesWhatLinuxEnables(t *testing.T) {
-	cpuid := guestCPUID(nestedL1CPUID(), flat(t, 1), 0, false)
+	cpuid := guestCPUID(nestedL1CPUID(), flat(t, 1), 0, cpuidOptions{})
 	xcr0 := guestXCR0(cpuid)
 	assert.Equal(t, uint64(0x207), xcr0, "x87, SSE, AVX, PKRU")
 	leaf, ok := find(cpuid, leafXSave, 0)

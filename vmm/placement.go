@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hpcvmm/hpcvmm/cpuclaim"
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
@@ -24,6 +25,16 @@ type placement struct {
 	vcpuCPUs []int // host CPU of vCPU i
 	nodeCPUs []int // CPUs of the node, for the prefault workers
 	why      string
+	// claim holds the vCPUs' host CPUs against other hpcvmm VMs
+	// (cpuclaim) in claimDir; nil when the VM claims none. sharedWhy says
+	// why a VM without a CPU list could not have CPUs of its own, and
+	// claimNote why no claims were tried and claimErr why taking them
+	// failed (logged by New).
+	claim     *cpuclaim.Claim
+	claimDir  string
+	sharedWhy string
+	claimNote string
+	claimErr  error
 }
 
 // choosePlacement applies the NUMA rules: an explicit --numa-node wins;
@@ -88,6 +99,17 @@ func choosePlacement(cfg *Config, h *host.Host, deviceNode int) (placement, erro
 	cpus := cfg.CPUList
 	if len(cpus) == 0 {
 		cpus = node.CPUs
+		claim, claimed, sharedWhy, skipped, err := claimCPUs(cfg, p.node, node.CPUs)
+		switch {
+		case err != nil:
+			p.claimErr = err
+		case skipped != "":
+			p.claimNote = "CPUs not claimed: " + skipped
+		case claim != nil:
+			p.claim, p.claimDir, cpus = claim, cfg.runDir(), claimed
+		default:
+			p.sharedWhy = sharedWhy
+		}
 	}
 	if len(cpus) == 0 {
 		return p, fieldErr("NUMANode", "node %d has no online CPUs to run vCPUs on: pick another node or give a CPU list", p.node)

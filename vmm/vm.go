@@ -74,6 +74,12 @@ type VM struct {
 	// CPUID that describes it.
 	topology cputopo.Topology
 	windows  addrspace.Windows // the guest's BAR windows (addPCI)
+	// cpuMode is the mode decideCPUMode chose; exitsKept the
+	// KVM_CAP_X86_DISABLE_EXITS bits KVM accepted and haltPollOff whether
+	// it took KVM_CAP_HALT_POLL 0 (dedicated mode, applyCPUMode).
+	cpuMode     CPUMode
+	exitsKept   int
+	haltPollOff bool
 
 	kvm *uapi.System
 	// supported is the CPUID KVM supports on this host (openKVM).
@@ -201,6 +207,22 @@ func New(cfg Config) (_ *VM, err error) {
 	if vm.place, err = choosePlacement(&cfg, h, devNode); err != nil {
 		return nil, err
 	}
+	switch {
+	case vm.place.claimErr != nil:
+		log.Warn("CPUs not claimed: another hpcvmm VM may be placed on them", "err", vm.place.claimErr)
+	case vm.place.claimNote != "":
+		log.Debug(vm.place.claimNote)
+	}
+	mode, why, warn, err := decideCPUMode(cfg.CPUMode, vm.place)
+	if err != nil {
+		return nil, err
+	}
+	vm.cpuMode = mode
+	if warn {
+		log.Warn("shared CPU mode: vCPUs share host CPUs, so idle vCPUs exit to the host and a busy one waits for its CPU", "why", why)
+	} else {
+		log.Info("CPU mode", "mode", string(mode), "why", why)
+	}
 	// Checked here, with the placement, before anything on the host changes.
 	if vm.prefaultCPUs, vm.prefaultWorkers, err = prefaultPlan(vm.place, cfg.PrefaultWorkers, affinity); err != nil {
 		return nil, err
@@ -312,7 +334,7 @@ func (vm *VM) newVCPU(index int, supported []uapi.CPUIDEntry) (_ *vcpu, err erro
 	if err := setupFault(fmt.Sprintf("create vCPU %d", index)); err != nil {
 		return nil, err
 	}
-	cpuid := guestCPUID(supported, vm.topology, index, vm.needsX2APIC())
+	cpuid := guestCPUID(supported, vm.topology, index, cpuidOptions{extDestID: vm.needsX2APIC(), realtime: vm.cpuMode == CPUModeDedicated})
 	if err := c.SetCPUID2(cpuid); err != nil {
 		return nil, fmt.Errorf("vCPU %d: %w", index, err)
 	}
@@ -442,6 +464,9 @@ func (vm *VM) noteFirstRun() {
 	vm.log.Info("first KVM_RUN", "since_start", d.Round(time.Microsecond))
 }
 
+// CPUMode is the CPU mode New chose (never CPUModeAuto).
+func (vm *VM) CPUMode() CPUMode { return vm.cpuMode }
+
 // FirstRunLatency is the time from Config.StartTime to the BSP's first
 // KVM_RUN; zero before Run got there.
 func (vm *VM) FirstRunLatency() time.Duration { return time.Duration(vm.firstRun.Load()) }
@@ -519,6 +544,7 @@ func (vm *VM) Close() error {
 		if vm.kvm != nil {
 			errs = append(errs, vm.kvm.Close())
 		}
+		vm.place.claim.Release()
 		// Last: vfio-pci lets a device go only once every fd is closed.
 		errs = append(errs, vm.restoreHost())
 		vm.refusals.Flush()

@@ -46,7 +46,7 @@ func TestGuestCPUIDOffersExtDestID(t *testing.T) {
 	top, err := cputopo.WithAPICIDs([]uint32{0, 256})
 	require.NoError(t, err)
 	for _, ext := range []bool{false, true} {
-		out := guestCPUID(hostCPUID(), top, 1, ext)
+		out := guestCPUID(hostCPUID(), top, 1, cpuidOptions{extDestID: ext})
 		kf, ok := find(out, leafKVMFeatures, 0)
 		require.True(t, ok)
 		assert.Equal(t, ext, kf.EAX&kvmFeatureMSIExtDestID != 0)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/hoststate"
 	"github.com/hpcvmm/hpcvmm/ibvf"
 	"github.com/hpcvmm/hpcvmm/pcitopo"
 	"github.com/hpcvmm/hpcvmm/vmm"
@@ -35,7 +36,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 			"the node's CPUs and free hugepages, RLIMIT_MEMLOCK. Every problem is printed with the command that fixes it. "+
 			"hpcvmm run runs the same checks first.",
 		"hpcvmm check [--gpu BDF]... [--vf BDF]... [--memory SIZE] [--hugepages 1G|2M|none]",
-		"[--cpus N] [--numa-node N|auto] [--json]")
+		"[--cpus N] [--numa-node N|auto] [--cpu-mode dedicated|shared] [--json]")
 	c.footer = `Exit status:
   0  the VM could start (warnings allowed)
   1  a check failed
@@ -50,6 +51,8 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	g.Var(pageSizeValue{&page}, "hugepages", "page size backing guest RAM: 1G, 2M or none")
 	g.IntVar(&req.CPUs, "cpus", req.CPUs, "`N`: vCPUs")
 	g.Var(nodeValue{&req.NUMANode}, "numa-node", "host NUMA node; auto: the node of the first device, else the node with the most free hugepages")
+	var cpuMode vmm.CPUMode
+	g.Var(cpuModeValue{&cpuMode}, "cpu-mode", "dedicated or shared: the CPU mode to check for (default: the one hpcvmm run would choose)")
 	asJSON := c.group("Output").Bool("json", false, "print the report as JSON")
 	sysRoot, procRoot := hostRootFlags(c)
 	c.done()
@@ -64,7 +67,9 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		return c.usageError(stderr, "--cpus %d: want 1 or more", req.CPUs)
 	}
 	req.GPUs, req.VFs, req.PageSize = gpus, vfs, uint64(page)
+	req.CPUMode, req.KVMCheck = string(cpuMode), withCPUChecks(req.KVMCheck, req.CPUs)
 	if *sysRoot == "/sys" {
+		req.RunDir = hoststate.DefaultStateDir // other VMs' CPU claims
 		// The live host: read InfiniBand VFs' GUIDs over netlink, and
 		// open the devices' VFIO groups as the VM would.
 		req.VFIdentity = ibvf.System{}.Identity

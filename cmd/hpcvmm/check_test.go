@@ -117,6 +117,7 @@ func TestCheckUsageErrors(t *testing.T) {
 		{[]string{"--hugepages", "16M"}, "--hugepages \"16M\": want 1G, 2M or none"},
 		{[]string{"--numa-node", "x"}, "--numa-node \"x\": want a node number or auto"},
 		{[]string{"--cpus", "0"}, "--cpus 0: want 1 or more"},
+		{[]string{"--cpu-mode", "fast"}, "--cpu-mode \"fast\": want dedicated, shared or auto"},
 		{[]string{"--memory", "0"}, "--memory: no guest memory"},
 		{[]string{"--memory", "1536M"}, "--memory: 1536M is not a multiple of the 1G page size: use 2G"},
 		{[]string{"0000:00:04.0"}, "unexpected argument"},

@@ -178,7 +178,7 @@ func TestRunHelpGroups(t *testing.T) {
 	_, out, _ := hpcvmm("run", "--help")
 	groups := map[string][]string{
 		"Guest":               {"kernel", "kernel-decompress", "kernel-cache", "kernel-cache-size", "initrd", "cmdline", "cpus", "memory", "hugepages", "acpi"},
-		"Placement":           {"numa-node", "cpu-list", "allow-cross-numa", "prefault-workers", "topology"},
+		"Placement":           {"numa-node", "cpu-list", "allow-cross-numa", "cpu-mode", "prefault-workers", "topology"},
 		"Devices":             {"gpu", "vf", "bind", "p2p", "net", "nccl-topo"},
 		"Console and logging": {"console", "log-level", "shutdown-timeout", "seccomp"},
 		"Other":               {"help"},
@@ -310,4 +310,24 @@ func TestUnbindRefusesALooseStateDirectory(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(errs, "\n"), errs)
 	assert.Contains(t, errs, "hpcvmm unbind: hoststate: state directory "+dir)
 	assert.Contains(t, errs, "chmod go-w "+dir)
+}
+
+// TestCPUModeFlag: --cpu-mode sets Config.CPUMode (auto by default), and a
+// bad value names the flag.
+func TestCPUModeFlag(t *testing.T) {
+	for args, want := range map[string]vmm.CPUMode{"": vmm.CPUModeAuto, "--cpu-mode=auto": vmm.CPUModeAuto,
+		"--cpu-mode=dedicated": vmm.CPUModeDedicated, "--cpu-mode=shared": vmm.CPUModeShared} {
+		c, f := newRunCommand()
+		var out, errOut bytes.Buffer
+		var a []string
+		if args != "" {
+			a = []string{args}
+		}
+		require.Equal(t, -1, c.parse(a, &out, &errOut), "%s: %s", args, errOut.String())
+		assert.Equal(t, want, f.toConfig().CPUMode, "%q", args)
+	}
+	c, _ := newRunCommand()
+	var out, errOut bytes.Buffer
+	assert.Equal(t, 2, c.parse([]string{"--cpu-mode=exclusive"}, &out, &errOut))
+	assert.Contains(t, errOut.String(), "--cpu-mode")
 }

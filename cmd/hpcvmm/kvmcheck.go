@@ -43,3 +43,24 @@ func checkKVMCapabilities(devPath string) []preflight.Result {
 	}
 	return out
 }
+
+// withCPUChecks adds the CPU side of KVM for a VM of cpus vCPUs (the vCPU
+// limit `hpcvmm run` applies, dedicated mode's exits and halt polling,
+// AMX; vmm.HostCPUChecks) to a KVM check, when there is one.
+func withCPUChecks(check func(devPath string) []preflight.Result, cpus int) func(devPath string) []preflight.Result {
+	if check == nil {
+		return nil
+	}
+	return func(devPath string) []preflight.Result {
+		out := check(devPath)
+		if fi, err := os.Stat(devPath); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+			return out
+		}
+		sys, err := uapi.OpenKVMPath(devPath)
+		if err != nil {
+			return out // the capability check reported it
+		}
+		defer sys.Close()
+		return append(out, vmm.HostCPUChecks(sys, cpus, false)...)
+	}
+}

@@ -49,6 +49,7 @@ func newRunCommand() (*command, *runFlags) {
 		"[--kernel-decompress host|guest] [--kernel-cache DIR] [--kernel-cache-size SIZE]",
 		"[--memory SIZE] [--hugepages 1G|2M|none]",
 		"[--numa-node N|auto] [--cpu-list LIST] [--allow-cross-numa] [--prefault-workers N]",
+		"[--cpu-mode dedicated|shared]",
 		"[--gpu BDF[,clique=N]|slurm]... [--vf BDF|slurm[,IB-OPTIONS]]...",
 		"[--bind] [--p2p=false]",
 		"[--net tap=NAME[,mac=MAC][,queues=N][,vhost=on|off]]... [--nccl-topo FILE]",
@@ -76,6 +77,7 @@ func newRunCommand() (*command, *runFlags) {
 	g.Var(nodeValue{&f.cfg.NUMANode}, "numa-node", "host NUMA node for guest RAM and vCPUs; auto: the first passthrough device's node, else the node with the most free hugepages")
 	g.Var(cpuListValue{&f.cfg.CPUList}, "cpu-list", "exact host CPUs for the vCPUs, e.g. 4-7 or 4,6,8; vCPU i runs on the i-th (default: the node's CPUs)")
 	g.BoolVar(&f.cfg.AllowCrossNUMA, "allow-cross-numa", false, "accept a --cpu-list that spans NUMA nodes")
+	g.Var(cpuModeValue{&f.cfg.CPUMode}, "cpu-mode", "dedicated: each vCPU owns its host CPU, idle vCPUs keep it (HLT and PAUSE stay in the guest, KVM_HINTS_REALTIME, no halt polling), refused without a free host CPU per vCPU; shared: idle vCPUs exit to the host; auto (default): dedicated when every vCPU has a host CPU of its own. Without --cpu-list each VM claims the node CPUs it pins (/run/hpcvmm/cpus) and the next VM takes the free ones")
 	g.IntVar(&f.cfg.PrefaultWorkers, "prefault-workers", 0, "`N`: threads that fault guest RAM in before the guest starts, each pinned to a CPU of the guest's node (default 0: all of the node's CPUs this process may use, since no vCPU runs yet); the kernel's clearing of the pages is the work, so fewer workers only make start-up slower")
 	g.Var(topologyValue{&f.cfg.Topology}, "topology", "host: vCPUs on SMT siblings are threads of one guest core, vCPUs on cores sharing an L3 share one in the guest, passthrough devices that share a PCIe switch on the host sit behind one emulated switch, the others behind their own root ports; flat: single-thread cores in one package, devices on bus 0")
 
@@ -114,6 +116,7 @@ func newRunCommand() (*command, *runFlags) {
 		// Hidden only until README's flag table (TestREADMEMatchesRunFlags)
 		// lists it: then it belongs in "Console and logging".
 		fs.BoolVar(&f.consoleRaw, "console-raw", false, "pass the guest's console output to a terminal unfiltered; by default terminal control sequences that could harm the terminal (title and clipboard sets, status reports, mode switches) are dropped (docs/hardening.md)")
+		fs.StringVar(&f.cfg.RunDir, "run-dir", "", "run directory of the CPU claims (tests; default /run/hpcvmm)")
 		fs.Var(apicIDsValue{&f.cfg.APICIDs}, "apic-ids", "APIC ID of each vCPU, e.g. 0,256 (tests of x2APIC-only IDs)")
 	})
 	return c.done(), f
@@ -127,7 +130,7 @@ SLURM_STEP_NICS/SLURM_JOB_NICS device numbers, mapped through gres.conf's
 File=/dev/vfio/<group>); without --cpu-list the vCPUs go on the step's CPUs
 (sched_getaffinity) on the VM's NUMA node and --cpus defaults to their number;
 without --memory guest RAM is SLURM_MEM_PER_NODE (or SLURM_MEM_PER_CPU x the
-job's CPUs on the node; after a bare srun, scontrol's MinMemoryNode/CPU) less
+job's CPUs on the node; after a bare srun, squeue --json's memory_per_node/cpu) less
 5% and 256 MiB kept for hpcvmm. See docs/slurm.md.
 
 InfiniBand VF options (IB-OPTIONS): node-guid=GUID,port-guid=GUID[,link=auto|
@@ -177,6 +180,7 @@ var flagNames = map[string]string{
 	"Console": "--console", "PrefaultWorkers": "--prefault-workers",
 	"Passthrough": "--gpu/--vf", "Seccomp": "--seccomp", "Nets": "--net", "NoACPI": "--acpi", "Topology": "--topology",
 	"NCCLTopoFile": "--nccl-topo", "APICIDs": "--apic-ids", "SysfsRoot": "--sysfs", "ProcfsRoot": "--procfs",
+	"CPUMode": "--cpu-mode", "RunDir": "--run-dir",
 }
 
 func describeError(err error) string {

@@ -250,6 +250,29 @@ func (v topologyValue) Set(s string) error {
 	return fmt.Errorf("want host or flat")
 }
 
+// cpuModeValue is --cpu-mode: dedicated or shared (default: hpcvmm's
+// choice, vmm.CPUModeAuto).
+type cpuModeValue struct{ p *vmm.CPUMode }
+
+func (v cpuModeValue) String() string {
+	if v.p == nil || *v.p == vmm.CPUModeAuto {
+		return "auto"
+	}
+	return string(*v.p)
+}
+func (v cpuModeValue) Type() string { return "MODE" }
+func (v cpuModeValue) Set(s string) error {
+	switch m := vmm.CPUMode(s); m {
+	case vmm.CPUModeDedicated, vmm.CPUModeShared:
+		*v.p = m
+		return nil
+	case "auto":
+		*v.p = vmm.CPUModeAuto
+		return nil
+	}
+	return fmt.Errorf("want dedicated, shared or auto")
+}
+
 // onOffValue is a boolean spelled on/off (--acpi), stored inverted when the
 // Config field says what is off.
 type onOffValue struct {

@@ -16,6 +16,7 @@ func Run(h *host.Host, req Request) Report {
 	c.devicesChecks()
 	c.barSpace()
 	c.node()
+	c.cpuMode()
 	c.memlock()
 	c.placement()
 	return c.rep

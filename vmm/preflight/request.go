@@ -55,6 +55,11 @@ type Request struct {
 	// RAM is reserved and prefaulted, not minutes later. An fs.ErrNotExist
 	// answer (no group file here) is not reported.
 	GroupOpen func(group int) error `json:"-"`
+	// CPUMode is the requested CPU mode: "dedicated", "shared", or empty
+	// for hpcvmm's choice (cpumode.go). RunDir, if set, is the run
+	// directory whose CPU claims (package cpuclaim) count as taken.
+	CPUMode string `json:"cpu_mode,omitempty"`
+	RunDir  string `json:"run_dir,omitempty"`
 }
 
 func (r Request) pageSize() uint64 {
