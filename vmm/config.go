@@ -291,4 +291,3 @@ func checkReadableFile(path string) error {
 	}
 	return f.Close()
 }
-
