@@ -97,7 +97,7 @@ var lists = map[Kind][]string{
 		// nothing away.
 		"seccomp",
 		// A job's PMI relay (package pmi) passes the guest's end of
-		// stream on to srun's socket: shutdown(SHUT_WR).
+		// stream on to srun's socket: shutdown, SHUT_WR only (argRules).
 		"shutdown",
 	},
 	VCPU: {
@@ -174,6 +174,7 @@ func Rules() []Rule {
 		{"kill", "only of this process (pid == getpid())"},
 		{"tgkill", "only of this process's threads (tgid == getpid())"},
 		{"prctl", "only PR_SET_NAME"},
+		{"shutdown", "only SHUT_WR: a job's PMI relay passes the guest's end of stream on to srun's socket"},
 		{"ioctl", "only with the requests " + strings.Join(ioctlRequests, ", ")},
 	}
 }
@@ -209,6 +210,7 @@ func argRules(pid int) ([]argRule, error) {
 		{name: "kill", arg: 0, equal: true, values: []uint64{uint64(pid)}},
 		{name: "tgkill", arg: 0, equal: true, values: []uint64{uint64(pid)}},
 		{name: "prctl", arg: 0, equal: true, values: []uint64{unix.PR_SET_NAME}},
+		{name: "shutdown", arg: 1, equal: true, values: []uint64{unix.SHUT_WR}},
 	}, nil
 }
 

@@ -238,10 +238,18 @@ const (
 	argPIDEnv  = "HPCVMM_SECCOMP_TEST_OTHER_PID"
 )
 
+// argSockets is a connected socket pair made before the filters, as a
+// job's PMI socket is (srun opened it): shutdown's rule is tried on it.
+var argSockets [2]int
+
 // prepareArgCase does what hpcvmm's setup does before the filters: it
-// starts the runtime's poller with a read-only open.
+// starts the runtime's poller with a read-only open, and has a socket.
 func prepareArgCase() error {
-	_, err := os.ReadFile("/proc/self/stat")
+	if _, err := os.ReadFile("/proc/self/stat"); err != nil {
+		return err
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	argSockets = [2]int(fds)
 	return err
 }
 
@@ -312,6 +320,10 @@ var argCases = []struct {
 		err := unix.Prctl(unix.PR_SET_DUMPABLE, 1, 0, 0, 0)
 		return fmt.Errorf("prctl(PR_SET_DUMPABLE) returned (%v)", err)
 	}},
+	{"shutdown-read", true, "shutdown", func(vcpu bool) error {
+		err := unix.Shutdown(argSockets[0], unix.SHUT_RD)
+		return fmt.Errorf("shutdown(SHUT_RD) returned (%v)", err)
+	}},
 	{"allowed-forms", false, "", func(vcpu bool) error {
 		// Read-only opens, of /proc and of a regular file.
 		if _, err := os.ReadFile("/proc/self/status"); err != nil {
@@ -342,6 +354,12 @@ var argCases = []struct {
 		}
 		if err := unix.Munmap(b); err != nil {
 			return err
+		}
+		// Ending a socket's sending side (a job's PMI relay).
+		if !vcpu { // not on a vCPU thread's list
+			if err := unix.Shutdown(argSockets[1], unix.SHUT_WR); err != nil {
+				return fmt.Errorf("shutdown(SHUT_WR): %w", err)
+			}
 		}
 		// A thread's name (before its vCPU filter, as vmm does).
 		if !vcpu {
