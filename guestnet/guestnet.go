@@ -140,6 +140,9 @@ func (c Config) Configure(ifs []Interface, dns []string) error {
 		if err := h.LinkSetUp(link); err != nil {
 			return fmt.Errorf("guestnet: interface %s (%s): bring up: %w", ifc.MAC, name, err)
 		}
+		if err := c.waitRunning(h, link, ifc.MAC); err != nil {
+			return err
+		}
 		switch {
 		case ifc.DHCP:
 			ns, err := c.dhcp(h, link, ifc.MAC)
@@ -161,6 +164,29 @@ func (c Config) Configure(ifs []Interface, dns []string) error {
 		return nil
 	}
 	return writeResolvConf(c.ResolvConf, servers)
+}
+
+// waitRunning waits, at most LinkWait, until link has its carrier
+// (IFF_RUNNING). virtio-net reports its link state through its
+// configuration space and Linux reads it in a work item after the device
+// is up, so right after LinkSetUp the interface can be up without a
+// carrier: a program that lists its usable interfaces then (UCX, which
+// MPICH uses, skips those that are not running) would find only lo.
+func (c Config) waitRunning(h *netlink.Handle, link netlink.Link, mac net.HardwareAddr) error {
+	deadline := time.Now().Add(c.LinkWait)
+	for {
+		l, err := h.LinkByIndex(link.Attrs().Index)
+		if err != nil {
+			return fmt.Errorf("guestnet: interface %s (%s): %w", mac, link.Attrs().Name, err)
+		}
+		if l.Attrs().RawFlags&unix.IFF_RUNNING != 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("guestnet: interface %s (%s): no carrier %v after it was brought up (operstate %s)", mac, l.Attrs().Name, c.LinkWait, l.Attrs().OperState)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // validate checks what the host sent before anything changes.

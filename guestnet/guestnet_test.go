@@ -276,3 +276,37 @@ func TestConfigureDHCP(t *testing.T) {
 		}
 	})
 }
+
+// TestConfigureWaitsForTheCarrier: Configure returns only once the
+// interface is running (a carrier), as a program that lists usable
+// interfaces right after needs; an interface that never gets one is an
+// error naming it. A veth has its carrier while its peer is up.
+func TestConfigureWaitsForTheCarrier(t *testing.T) {
+	ns := newNSThread(t)
+	vethPair(t, ns, nil, "10.76.0.1/24")
+	_, ipnet, _ := net.ParseCIDR("10.76.0.0/24")
+	ipnet.IP = net.ParseIP("10.76.0.2").To4()
+	ifs := []guestnet.Interface{{MAC: guestMAC, Address: ipnet}}
+	ns.do(func() {
+		peer, err := netlink.LinkByName("host0")
+		require.NoError(t, err)
+		require.NoError(t, netlink.LinkSetDown(peer))
+		err = guestnet.Config{LinkWait: 200 * time.Millisecond, ResolvConf: filepath.Join(t.TempDir(), "r")}.Configure(ifs, nil)
+		require.ErrorContains(t, err, "no carrier 200ms after it was brought up")
+		require.ErrorContains(t, err, guestMAC.String())
+
+		// The peer comes up a little later: Configure waits for it. (A
+		// handle made here keeps this namespace on the goroutine's thread.)
+		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+		require.NoError(t, err)
+		defer h.Close()
+		go func() {
+			time.Sleep(100 * time.Millisecond)
+			_ = h.LinkSetUp(peer)
+		}()
+		require.NoError(t, guestnet.Config{ResolvConf: filepath.Join(t.TempDir(), "r")}.Configure(ifs, nil))
+		l, err := linkByMAC(guestMAC)
+		require.NoError(t, err)
+		assert.NotZero(t, l.Attrs().RawFlags&unix.IFF_RUNNING, "running when Configure returned")
+	})
+}
