@@ -3,6 +3,7 @@ module github.com/hpcvmm/hpcvmm
 go 1.26.8
 
 require (
+	github.com/creack/pty v1.1.24
 	github.com/elastic/go-seccomp-bpf v1.6.0
 	github.com/google/go-containerregistry v0.22.1
 	github.com/insomniacslk/dhcp v0.0.0-20231206064809-8c70d406f6d2

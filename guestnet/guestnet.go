@@ -29,6 +29,7 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/dhcpv4/nclient4"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // Interface is one guest interface as the host configured it.
@@ -108,8 +109,11 @@ func (c Config) Configure(ifs []Interface, dns []string) error {
 		c.Context = context.Background()
 	}
 	// A handle's sockets stay in the network namespace of the thread that
-	// made it, so the renewals (on other threads) change this one.
-	h, err := netlink.NewHandle()
+	// made it, so the renewals (on other threads) change this one. Only
+	// rtnetlink: NewHandle() without families also opens NETLINK_XFRM and
+	// NETLINK_NETFILTER sockets, which fail (EPROTONOSUPPORT) in a guest
+	// whose kernel has xfrm_user as a module no one loads.
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
 		return fmt.Errorf("guestnet: netlink: %w", err)
 	}

@@ -181,9 +181,10 @@ func TestRunHelpGroups(t *testing.T) {
 		"Placement":           {"numa-node", "cpu-list", "allow-cross-numa", "cpu-mode", "prefault-workers", "topology"},
 		"Devices":             {"gpu", "vf", "bind", "p2p", "net", "nccl-topo"},
 		"Console and logging": {"console", "log-level", "shutdown-timeout", "seccomp"},
+		"Job":                 {"rootfs", "env", "env-file", "workdir", "user", "quiet", "dns", "hostname"},
 		"Other":               {"help"},
 	}
-	order := []string{"Guest", "Placement", "Devices", "Console and logging", "Other"}
+	order := []string{"Guest", "Placement", "Devices", "Console and logging", "Job", "Other"}
 	section := map[string]string{} // flag -> heading it is listed under
 	heading := ""
 	var seen []string
@@ -217,7 +218,7 @@ func TestRunHelpGroups(t *testing.T) {
 	})
 	assert.Equal(t, n, visible)
 	assert.Contains(t, out, "Ctrl-A x stops the VM")
-	assert.Regexp(t, `(?m)^Exit status:\n  0  the guest rebooted or powered off\n  1  .*\n.*\n  2  invalid input`, out)
+	assert.Regexp(t, `(?m)^Exit status \(a VM without COMMAND\):\n  0  the guest rebooted or powered off\n  1  .*\n.*\n  2  invalid input`, out)
 }
 
 // TestREADMEMatchesRunFlags: README's `hpcvmm run` flag table lists
@@ -236,12 +237,27 @@ func TestREADMEMatchesRunFlags(t *testing.T) {
 		inTable = append(inTable, m[1])
 	}
 	c, _ := newRunCommand()
-	var flags []string
-	c.fs.VisitAll(func(f *pflag.Flag) {
-		if !f.Hidden && f.Name != "help" {
-			flags = append(flags, f.Name)
+	var flags, jobFlags []string
+	c.fs.VisitAll(func(fl *pflag.Flag) {
+		if fl.Hidden || fl.Name == "help" {
+			return
 		}
+		if isJobFlag(c, fl.Name) {
+			jobFlags = append(jobFlags, fl.Name)
+			return
+		}
+		flags = append(flags, fl.Name)
 	})
+	// The job flags are described in docs/jobs.md, which README points to.
+	jobs, err := os.ReadFile("../../docs/jobs.md")
+	require.NoError(t, err)
+	var inJobs []string
+	for _, m := range regexp.MustCompile("(?m)^\\| `--([a-z0-9-]+)`").FindAllStringSubmatch(string(jobs), -1) {
+		inJobs = append(inJobs, m[1])
+	}
+	slices.Sort(jobFlags)
+	slices.Sort(inJobs)
+	assert.Equal(t, jobFlags, inJobs, "docs/jobs.md's flag table and hpcvmm run's Job flags")
 	slices.Sort(inTable)
 	slices.Sort(flags)
 	assert.Equal(t, flags, inTable, "README's flag table and hpcvmm run's flags")
@@ -330,4 +346,14 @@ func TestCPUModeFlag(t *testing.T) {
 	var out, errOut bytes.Buffer
 	assert.Equal(t, 2, c.parse([]string{"--cpu-mode=exclusive"}, &out, &errOut))
 	assert.Contains(t, errOut.String(), "--cpu-mode")
+}
+
+// isJobFlag reports whether the flag is in the run command's Job group.
+func isJobFlag(c *command, name string) bool {
+	for _, g := range c.groups {
+		if g.title == "Job" {
+			return g.fs.Lookup(name) != nil
+		}
+	}
+	return false
 }

@@ -27,16 +27,27 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"time"
+
+	"github.com/hpcvmm/hpcvmm/agent"
 )
+
+// agentName is the name under which this binary is the guest agent.
+const agentName = "hpcvmm-agent"
 
 // processStart approximates the process start for the start-to-first-
 // KVM_RUN figure: package initialisation runs before main.
 var processStart = time.Now()
 
 func main() {
+	// The guest agent is this binary too: the job initramfs holds it as
+	// /.hpcvmm/hpcvmm-agent and the kernel starts it as init (rdinit=).
+	if filepath.Base(os.Args[0]) == agentName {
+		agent.Main()
+	}
 	os.Exit(dispatch(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 

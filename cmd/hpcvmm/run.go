@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -29,6 +28,7 @@ import (
 // write straight into it) and the CLI's own settings.
 type runFlags struct {
 	cfg             vmm.Config
+	job             jobFlags
 	logLevel        slog.Level
 	shutdownTimeout time.Duration
 	consoleRaw      bool
@@ -55,7 +55,10 @@ func newRunCommand() (*command, *runFlags) {
 		"[--net tap=NAME[,mac=MAC][,queues=N][,vhost=on|off]]... [--nccl-topo FILE]",
 		"[--console virtio|serial|none] [--log-level debug|info|warn|error]",
 		"[--acpi on|off] [--topology host|flat] [--shutdown-timeout DURATION]",
-		"[--seccomp on|off|log]")
+		"[--seccomp on|off|log]",
+		"[--rootfs IMAGE] [--env KEY=VALUE]... [--env-file FILE]... [--workdir DIR]",
+		"[--user UID[:GID]] [--quiet] [--dns ADDRESS]... [--hostname NAME]",
+		"[-- COMMAND [ARG...]]")
 	c.footer = runFooter
 	// The command runs one VM and exits, so the filters are on by default
 	// (the library's zero value is off: see vmm.SeccompOff).
@@ -101,16 +104,9 @@ func newRunCommand() (*command, *runFlags) {
 	g.Var(seccompValue{&f.cfg.Seccomp}, "seccomp", "on: every thread under a syscall allow-list from before the first KVM_RUN, a syscall outside it kills hpcvmm with SIGSYS (dmesg names it); log: let it run and log it; off: no filter, for debugging")
 	g.DurationVar(&f.shutdownTimeout, "shutdown-timeout", f.shutdownTimeout, "`DURATION`: after SIGTERM/SIGINT, how long the guest has to power off after the ACPI power button before it is stopped hard")
 
+	addJobFlags(c, f)
+
 	c.hidden(func(fs *pflag.FlagSet) {
-		// --dns is hidden until README's flag table lists it
-		// (TestREADMEMatchesRunFlags), which the jobs wiring brings.
-		fs.Func("dns", "`ADDRESS`: a name server for the job's /etc/resolv.conf in the guest (repeatable; default: with ip=dhcp the DHCP server's, else the host's /etc/resolv.conf name servers that are not loopback addresses)", func(s string) error {
-			if net.ParseIP(s) == nil {
-				return fmt.Errorf("%q: want an IP address", s)
-			}
-			f.dns = append(f.dns, s)
-			return nil
-		})
 		fs.StringVar(&f.cfg.SysfsRoot, "sysfs", "", "sysfs root (tests)")
 		fs.StringVar(&f.cfg.ProcfsRoot, "procfs", "", "procfs root (tests)")
 		// Hidden only until README's flag table (TestREADMEMatchesRunFlags)
@@ -144,7 +140,16 @@ button and waits --shutdown-timeout for it to power off (exit status 0); a
 second signal, the timeout, or a guest without ACPI stops the VM hard
 (exit status 1). Either way everything the VM held is released.
 
-Exit status:
+A job (hpcvmm run [FLAGS] --rootfs IMAGE -- COMMAND [ARG...]) runs COMMAND in
+the VM under hpcvmm's agent: COMMAND's stdout is hpcvmm's stdout, its stderr
+and stdin hpcvmm's; SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and
+SIGCONT go to it; after the first SIGTERM it has --shutdown-timeout before the
+power button, and the guest as long again before a hard stop. hpcvmm exits
+with COMMAND's status: its exit code, 128+N when signal N killed it, 127 not
+found, 126 not executable, 125 the VM or the agent failed (each of 125-127
+with a one-line reason); 2 for invalid input. See docs/jobs.md.
+
+Exit status (a VM without COMMAND):
   0  the guest rebooted or powered off
   1  the VM or hpcvmm failed (a triple fault, a KVM error, a VMM error), or the
      host cannot run this VM (hpcvmm check shows why, with fixes)
@@ -220,10 +225,17 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if rc := c.parse(args, stdout, stderr); rc >= 0 {
 		return rc
 	}
-	if rc := c.noArgs(stderr, "the kernel is given with --kernel"); rc >= 0 {
-		return rc
+	argv := jobCommand(c.fs)
+	if argv == nil {
+		if rc := c.noArgs(stderr, "the kernel is given with --kernel; a job's COMMAND goes after --"); rc >= 0 {
+			return rc
+		}
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: f.logLevel}))
+	logOut := stderr
+	if f.job.quiet {
+		logOut = io.Discard
+	}
+	log := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: f.logLevel}))
 	// No transparent hugepages for the VMM's own memory. Where THP is
 	// "always" (Debian's kernels) every 2 MiB of the Go heap the VMM
 	// touches becomes a whole resident huge page: measured in the test
@@ -246,6 +258,12 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if err := applySlurm(&f.cfg, c.fs, env, slurm.AllowedCPUs, log); err != nil {
 		fmt.Fprintln(stderr, "hpcvmm run:", err)
 		return 2
+	}
+	if argv != nil {
+		return runJob(c, f, &f.job, argv, stdin, stdout, stderr)
+	}
+	if f.job.rootfs != "" {
+		return c.usageError(stderr, "--rootfs without a COMMAND: give it after --, e.g. hpcvmm run --rootfs %s -- /bin/sh", f.job.rootfs)
 	}
 	cfg := f.toConfig()
 	cfg.Logger = log

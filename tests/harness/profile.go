@@ -89,7 +89,7 @@ var ProfileBasic = Profile{
 }
 
 // Profiles lists every profile whose setup is packed into the L1 initramfs.
-var Profiles = []Profile{ProfileBasic, ProfilePassthrough, ProfileSwitch, ProfileCores, ProfileSlurm}
+var Profiles = []Profile{ProfileBasic, ProfilePassthrough, ProfileSwitch, ProfileCores, ProfileSlurm, ProfileJobs, ProfileJobsPassthrough}
 
 // Validate checks that the profile can build a QEMU command line.
 func (p Profile) Validate() error {

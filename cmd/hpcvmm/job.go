@@ -1,0 +1,368 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
+	"golang.org/x/term"
+
+	"github.com/hpcvmm/hpcvmm/agent"
+	"github.com/hpcvmm/hpcvmm/initramfs"
+	"github.com/hpcvmm/hpcvmm/job"
+	"github.com/hpcvmm/hpcvmm/jobproto"
+	"github.com/hpcvmm/hpcvmm/rootfs"
+	"github.com/hpcvmm/hpcvmm/vmm"
+)
+
+// jobFlags are the flags of `hpcvmm run ... -- COMMAND` (docs/jobs.md).
+type jobFlags struct {
+	rootfs   string
+	env      []string
+	envFiles []string
+	workdir  string
+	user     string
+	quiet    bool
+	hostname string
+}
+
+// agentPath is where a job's initramfs holds hpcvmm as its agent.
+const agentPath = initramfs.AgentPath
+
+// addJobFlags defines the Job group of `hpcvmm run`.
+func addJobFlags(c *command, rf *runFlags) {
+	f := &rf.job
+	g := c.group("Job")
+	g.StringVar(&f.rootfs, "rootfs", "", "`IMAGE`: the job's files: a directory, a tar archive (plain, gzip, zstd), an OCI image layout or a docker/podman save archive; hpcvmm builds (and caches) the initramfs with its agent and the guest's modules. Not with --initrd")
+	g.StringArrayVar(&f.env, "env", nil, "`KEY=VALUE`: COMMAND's environment (repeatable; KEY alone takes hpcvmm's value). PATH defaults to "+agent.DefaultPath)
+	g.StringArrayVar(&f.envFiles, "env-file", nil, "`FILE`: KEY=VALUE lines for COMMAND's environment (# comments and blank lines skipped), before --env (repeatable)")
+	g.StringVar(&f.workdir, "workdir", "", "`DIR`: COMMAND's working directory in the guest (default /)")
+	g.StringVar(&f.user, "user", "", "`UID[:GID]`: run COMMAND as this numeric user and group (GID defaults to UID; default root)")
+	g.BoolVar(&f.quiet, "quiet", false, "print nothing of hpcvmm's own (no log, no guest console) on stderr: COMMAND's stderr and a one-line failure reason only")
+	g.Func("dns", "`ADDRESS`: a name server for the job's /etc/resolv.conf in the guest (repeatable; default: with ip=dhcp the DHCP server's, else the host's /etc/resolv.conf name servers that are not loopback addresses)", func(s string) error {
+		if net.ParseIP(s) == nil {
+			return fmt.Errorf("%q: want an IP address", s)
+		}
+		rf.dns = append(rf.dns, s)
+		return nil
+	})
+	g.StringVar(&f.hostname, "hostname", "", "`NAME`: the guest's hostname (default the host's, as for a job run directly)")
+}
+
+// jobCommand is COMMAND: the arguments after "--", nil when there are none
+// (arguments before "--" are the caller's error to report).
+func jobCommand(fs *pflag.FlagSet) []string {
+	if fs.NArg() == 0 || fs.ArgsLenAtDash() != 0 {
+		return nil
+	}
+	return fs.Args()
+}
+
+// jobEnv builds COMMAND's environment from --env-file and --env, in order.
+func jobEnv(f *jobFlags, lookup func(string) (string, bool)) ([]string, error) {
+	var env []string
+	add := func(kv, where string) error {
+		k, v, ok := strings.Cut(kv, "=")
+		if k == "" || strings.ContainsAny(k, " \t\x00") || strings.Contains(v, "\x00") {
+			return fmt.Errorf("%s %q: want KEY=VALUE with a KEY of no spaces", where, kv)
+		}
+		if !ok {
+			hv, set := lookup(k)
+			if !set {
+				return nil // as docker does: KEY alone, unset on the host, is left out
+			}
+			v = hv
+		}
+		env = append(env, k+"="+v)
+		return nil
+	}
+	for _, file := range f.envFiles {
+		fh, err := os.Open(file)
+		if err != nil {
+			return nil, fmt.Errorf("--env-file %s: %w", file, errors.Unwrap(err))
+		}
+		s := bufio.NewScanner(fh)
+		for n := 1; s.Scan(); n++ {
+			line := strings.TrimSpace(s.Text())
+			if line == "" || strings.HasPrefix(line, "#") {
+				continue
+			}
+			if err := add(line, fmt.Sprintf("--env-file %s line %d:", file, n)); err != nil {
+				fh.Close()
+				return nil, err
+			}
+		}
+		err = s.Err()
+		fh.Close()
+		if err != nil {
+			return nil, fmt.Errorf("--env-file %s: %w", file, err)
+		}
+	}
+	for _, kv := range f.env {
+		if err := add(kv, "--env"); err != nil {
+			return nil, err
+		}
+	}
+	return env, nil
+}
+
+// parseUser parses --user UID[:GID].
+func parseUser(s string) (uid, gid uint32, err error) {
+	u, g, hasG := strings.Cut(s, ":")
+	parse := func(v string) (uint32, error) {
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil {
+			return 0, fmt.Errorf("--user %s: %q is not a numeric id (names are not looked up: give UID[:GID] numbers)", s, v)
+		}
+		return uint32(n), nil
+	}
+	if uid, err = parse(u); err != nil {
+		return 0, 0, err
+	}
+	gid = uid
+	if hasG {
+		if gid, err = parse(g); err != nil {
+			return 0, 0, err
+		}
+	}
+	return uid, gid, nil
+}
+
+// hostKernel is the default kernel of a job: the host's own, so the guest
+// runs the host's drivers (an HPC node's GPU and InfiniBand modules).
+func hostKernel() (string, error) {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "", err
+	}
+	return "/boot/vmlinuz-" + unix.ByteSliceToString(u.Release[:]), nil
+}
+
+// jobCmdline is the kernel command line of a job: the serial console only
+// (the kernel's messages go to hpcvmm's stderr), quiet (each console byte
+// is an exit), the agent as init, and the guest's end ending the VM.
+func jobCmdline(user string) string {
+	if user == "" {
+		return "console=ttyS0 quiet reboot=k panic=-1 rdinit=" + agentPath
+	}
+	if !strings.Contains(user, "rdinit=") {
+		user += " rdinit=" + agentPath
+	}
+	return user
+}
+
+// runJob is `hpcvmm run ... -- COMMAND`: the VM runs COMMAND under the
+// agent and hpcvmm exits with COMMAND's status.
+func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fail := func(code int, format string, args ...any) int {
+		fmt.Fprintf(stderr, "hpcvmm run: "+format+"\n", args...)
+		return code
+	}
+	if jf.rootfs != "" && f.cfg.Initrd != "" {
+		return c.usageError(stderr, "--rootfs and --initrd: give one (--rootfs IMAGE builds the initramfs; --initrd FILE must hold hpcvmm at %s)", agentPath)
+	}
+	if jf.rootfs == "" && f.cfg.Initrd == "" {
+		return c.usageError(stderr, "COMMAND needs its files: give --rootfs IMAGE")
+	}
+	if f.cfg.Kernel == "" {
+		k, err := hostKernel()
+		if err != nil {
+			return fail(2, "--kernel: none given and the running kernel's release is unknown (%v): pass --kernel", err)
+		}
+		if _, err := os.Stat(k); err != nil {
+			return fail(2, "--kernel: none given and the host's kernel %s is not readable (%v): pass --kernel", k, errors.Unwrap(err))
+		}
+		f.cfg.Kernel = k
+	}
+	env, err := jobEnv(jf, os.LookupEnv)
+	if err != nil {
+		return fail(2, "%v", err)
+	}
+	spec := job.Spec{Argv: argv, Env: env, Workdir: jf.workdir, Hostname: jf.hostname}
+	if jf.user != "" {
+		if spec.UID, spec.GID, err = parseUser(jf.user); err != nil {
+			return fail(2, "%v", err)
+		}
+		spec.SetUser = true
+	}
+	if spec.Hostname == "" {
+		spec.Hostname, _ = os.Hostname()
+	}
+	for _, g := range f.guestNets {
+		spec.Interfaces = append(spec.Interfaces, jobproto.Interface{MAC: g.MAC, Address: g.Address, Gateway: g.Gateway, DHCP: g.DHCP})
+	}
+	if len(f.cfg.Nets) > 0 {
+		for _, s := range f.jobDNS() {
+			ip := net.ParseIP(s)
+			if ip4 := ip.To4(); ip4 != nil {
+				ip = ip4
+			}
+			spec.DNS = append(spec.DNS, ip)
+		}
+	}
+
+	logOut := stderr
+	if jf.quiet {
+		logOut = io.Discard
+	}
+	log := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: f.logLevel}))
+
+	if jf.rootfs != "" {
+		initrd, code := prepareRootfs(jf.rootfs, f, &spec, log, stderr)
+		if code >= 0 {
+			return code
+		}
+		f.cfg.Initrd = initrd
+	}
+
+	in, isTerm := stdin.(*os.File)
+	isTerm = isTerm && term.IsTerminal(int(in.Fd()))
+	if isTerm {
+		spec.TTY = true
+		spec.Rows, spec.Cols = terminalSize(stdout)
+	}
+	j, err := job.New(spec, job.Streams{Stdin: stdin, Stdout: stdout, Stderr: stderr},
+		job.Options{ShutdownTimeout: f.shutdownTimeout, Log: log})
+	if err != nil {
+		return fail(2, "%v", err)
+	}
+
+	cfg := f.cfg
+	cfg.Cmdline = jobCmdline(cfg.Cmdline)
+	cfg.Console = vmm.ConsoleVirtio // the ports are virtio-console ports
+	cfg.Stdin = nil
+	watch := &consoleWatch{w: logOut}
+	cfg.Stdout = watch // the kernel's console, never COMMAND's stdout
+	cfg.Progress = logOut
+	cfg.Logger = log
+	cfg.StartTime = processStart
+	cfg.ConsolePorts = j.Ports()
+
+	vm, err := vmm.New(cfg)
+	if err != nil {
+		if exitStatus(err) == 2 {
+			return fail(2, "%s", describeError(err))
+		}
+		return fail(jobproto.CodeAgentFailed, "%s", describeError(err))
+	}
+	defer vm.Close()
+
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT,
+		syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGCONT, syscall.SIGWINCH)
+	defer signal.Stop(sigs)
+	stopSignals := make(chan struct{})
+	defer close(stopSignals)
+	go func() {
+		for {
+			select {
+			case s := <-sigs:
+				if s == syscall.SIGWINCH {
+					if r, c := terminalSize(stdout); r != 0 && isTerm {
+						j.Resize(r, c)
+					}
+					continue
+				}
+				log.Debug("job: passing a signal to the command", "signal", s.String())
+				j.Signal(s.(syscall.Signal))
+			case <-stopSignals:
+				return
+			}
+		}
+	}()
+	if isTerm {
+		// Raw mode: keys (Ctrl-C included) go to the guest's pty, whose
+		// line discipline interprets them as a local terminal would.
+		if saved, err := term.MakeRaw(int(in.Fd())); err == nil {
+			defer func() { _ = term.Restore(int(in.Fd()), saved) }()
+		}
+	}
+	st := j.Run(context.Background(), vm)
+	if err := vm.Close(); err != nil {
+		log.Warn("releasing the VM", "err", err)
+	}
+	if st.Failure == jobproto.FailAgent && st.Reason == job.ReasonNoStatus && watch.Last() != "" {
+		st.Reason = "the guest ended without the command's status: " + watch.Last()
+	}
+	if st.Failure != 0 {
+		fmt.Fprintf(stderr, "hpcvmm run: %s\n", st.Reason)
+	} else {
+		log.Debug("job: ended", "status", st.String())
+	}
+	return st.ExitCode()
+}
+
+// prepareRootfs checks IMAGE and COMMAND before boot and returns the job's
+// initramfs; a code >= 0 is the exit status to end with (its reason
+// printed). A cached initramfs is looked up first: on a hit the checks read
+// nothing of an archive or container IMAGE, and nothing is built.
+func prepareRootfs(image string, f *runFlags, spec *job.Spec, log *slog.Logger, stderr io.Writer) (string, int) {
+	im, err := rootfs.Open(image)
+	if err != nil {
+		fmt.Fprintf(stderr, "hpcvmm run: --rootfs: %v\n", err)
+		return "", 2
+	}
+	defer im.Close()
+	t0 := time.Now()
+	cfg, cfgErr := jobInitrdConfig(im, f)
+	var hit *initramfs.Result
+	if cfgErr == nil {
+		if hit, err = initramfs.Lookup(cfg); err != nil {
+			log.Debug("job: initramfs cache lookup", "err", err)
+		}
+	}
+	path := agent.DefaultPath
+	for _, kv := range agent.Env((*jobproto.Start)(spec)) {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	if _, err := im.LookPath(spec.Argv[0], path); err != nil {
+		code := jobproto.CodeNotFound
+		if errors.Is(err, rootfs.ErrNotExecutable) {
+			code = jobproto.CodeNotExecutable
+		} else if !errors.Is(err, rootfs.ErrNotFound) {
+			code = 2
+		}
+		fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
+		return "", code
+	}
+	if hit == nil {
+		u, err := im.Usage()
+		if err != nil {
+			fmt.Fprintf(stderr, "hpcvmm run: --rootfs: %v\n", err)
+			return "", 2
+		}
+		// Checked before the build, from IMAGE's index: the archive is
+		// about its content's size.
+		if err := initramfs.Fits(u.Bytes, u.Memory, int64(f.cfg.Memory)); err != nil {
+			fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: --memory: %v\n", image, err)
+			return "", 2
+		}
+	}
+	if cfgErr != nil {
+		fmt.Fprintf(stderr, "hpcvmm run: %v\n", cfgErr)
+		return "", 2
+	}
+	res := hit
+	if res == nil {
+		if res, err = buildJobInitrd(cfg, log); err != nil {
+			fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: %v\n", image, err)
+			return "", 125
+		}
+	}
+	logInitrd(log, im, res, time.Since(t0))
+	return res.Path, -1
+}

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestJobInputErrors(t *testing.T) {
+	img := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(img, "bin"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(img, "bin/sh"), []byte("#!/bin/sh\n"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(img, "bin/data"), []byte("x"), 0o644))
+	kernel := filepath.Join(t.TempDir(), "bzImage")
+	require.NoError(t, os.WriteFile(kernel, []byte("not checked before the image"), 0o644))
+	for _, c := range []struct {
+		args []string
+		code int
+		want []string
+	}{
+		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--initrd", kernel, "--", "sh"}, 2, []string{"--rootfs and --initrd"}},
+		{[]string{"run", "--kernel", kernel, "--", "sh"}, 2, []string{"--rootfs IMAGE"}},
+		{[]string{"run", "--kernel", kernel, "--rootfs", img}, 2, []string{"--rootfs without a COMMAND"}},
+		{[]string{"run", "--kernel", kernel, "--rootfs", img, "sh"}, 2, []string{`unexpected argument "sh"`, "after --"}},
+		{[]string{"run", "--kernel", kernel, "--rootfs", filepath.Join(img, "absent"), "--", "sh"}, 2, []string{"--rootfs", "does not exist"}},
+		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--", "nosuch"}, 127, []string{"nosuch", "not found"}},
+		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--", "/bin/data"}, 126, []string{"/bin/data", "not executable"}},
+		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--memory", "64M", "--", "sh"}, 2, []string{"--memory", "raise --memory"}},
+		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--user", "alice", "--", "sh"}, 2, []string{"--user alice", "numeric"}},
+		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--env", "=x", "--", "sh"}, 2, []string{"--env", "KEY=VALUE"}},
+		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--env-file", "/nonexistent", "--", "sh"}, 2, []string{"--env-file /nonexistent"}},
+		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--dns", "x", "--", "sh"}, 2, []string{"--dns"}},
+	} {
+		code, _, errOut := hpcvmm(c.args...)
+		assert.Equal(t, c.code, code, "%v: %s", c.args, errOut)
+		for _, w := range c.want {
+			assert.Contains(t, errOut, w, "%v", c.args)
+		}
+	}
+}
+
+func TestJobEnv(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "env")
+	require.NoError(t, os.WriteFile(file, []byte("# comment\n\nA=1\nB=two words\nHOSTONLY\n"), 0o644))
+	host := map[string]string{"HOSTONLY": "h", "FROMHOST": "f"}
+	lookup := func(k string) (string, bool) { v, ok := host[k]; return v, ok }
+	env, err := jobEnv(&jobFlags{envFiles: []string{file}, env: []string{"A=3", "FROMHOST", "UNSET", "E="}}, lookup)
+	require.NoError(t, err)
+	require.Equal(t, []string{"A=1", "B=two words", "HOSTONLY=h", "A=3", "FROMHOST=f", "E="}, env)
+	_, err = jobEnv(&jobFlags{env: []string{"A B=1"}}, lookup)
+	require.Error(t, err)
+}
+
+func TestParseUserAndDNS(t *testing.T) {
+	uid, gid, err := parseUser("1000")
+	require.NoError(t, err)
+	require.Equal(t, [2]uint32{1000, 1000}, [2]uint32{uid, gid})
+	uid, gid, err = parseUser("0:100")
+	require.NoError(t, err)
+	require.Equal(t, [2]uint32{0, 100}, [2]uint32{uid, gid})
+	for _, bad := range []string{"", ":1", "1:", "-1", "4294967296", "a:b"} {
+		_, _, err = parseUser(bad)
+		require.Error(t, err, bad)
+	}
+}
+
+func TestJobCmdline(t *testing.T) {
+	require.Equal(t, "console=ttyS0 quiet reboot=k panic=-1 rdinit=/.hpcvmm/hpcvmm-agent", jobCmdline(""))
+	require.Equal(t, "console=ttyS0 rdinit=/.hpcvmm/hpcvmm-agent", jobCmdline("console=ttyS0"))
+	require.Equal(t, "rdinit=/x", jobCmdline("rdinit=/x"))
+}
+
+func TestConsoleWatch(t *testing.T) {
+	var out bytes.Buffer
+	c := &consoleWatch{w: &out}
+	for _, chunk := range []string{"[    0.1] boot\r\n", "hpcvmm-agent: cannot reach hpc", "vmm: ports missing\n", "more\n"} {
+		n, err := c.Write([]byte(chunk))
+		require.NoError(t, err)
+		require.Equal(t, len(chunk), n)
+	}
+	require.Equal(t, "hpcvmm-agent: cannot reach hpcvmm: ports missing", c.Last())
+	_, _ = c.Write([]byte("[    2.5] Kernel panic - not syncing: Attempted to kill init!\n"))
+	require.Equal(t, "guest kernel panic - not syncing: Attempted to kill init!", c.Last())
+	require.Contains(t, out.String(), "more\n")
+	line := []byte("ordinary console line\n")
+	require.Zero(t, testing.AllocsPerRun(100, func() { _, _ = c.Write(line) }))
+}

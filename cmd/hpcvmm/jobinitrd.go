@@ -1,0 +1,109 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hpcvmm/hpcvmm/boot"
+	"github.com/hpcvmm/hpcvmm/initramfs"
+	"github.com/hpcvmm/hpcvmm/kmodules"
+	"github.com/hpcvmm/hpcvmm/rootfs"
+	"github.com/hpcvmm/hpcvmm/vfio"
+)
+
+// powerButtonModules make the ACPI power button a key the agent reads
+// (Linux's acpi button driver and the event device); on a kernel that has
+// neither as a module nor built in, the job runs without them.
+var powerButtonModules = []string{"button", "evdev"}
+
+// kernelRelease is the guest kernel's release, naming its modules
+// directory: from the bzImage's version string, or uname -r when the
+// kernel is the host's own.
+func kernelRelease(kernel string) (string, error) {
+	b, err := os.ReadFile(kernel)
+	if err != nil {
+		return "", fmt.Errorf("--kernel %s: %w", kernel, err)
+	}
+	if k, err := boot.ParseBzImage(b); err == nil {
+		if r := k.Release(); r != "" {
+			return r, nil
+		}
+	} else if r := boot.ReleaseOfVmlinux(b); r != "" {
+		return r, nil
+	}
+	if hk, err := hostKernel(); err == nil && hk == kernel {
+		return strings.TrimPrefix(hk, "/boot/vmlinuz-"), nil
+	}
+	return "", fmt.Errorf("--kernel %s: its release (which /lib/modules to take) is unknown: pass a distribution bzImage", kernel)
+}
+
+// jobInitrdConfig is what IMAGE's initramfs is built from: the agent
+// (this binary), the guest kernel's release, the modules of the virtio
+// devices and the power button, and the passed-through devices' modaliases.
+func jobInitrdConfig(im *rootfs.Image, f *runFlags) (initramfs.Config, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return initramfs.Config{}, fmt.Errorf("finding hpcvmm's own binary for the agent: %w", err)
+	}
+	release, err := kernelRelease(f.cfg.Kernel)
+	if err != nil {
+		return initramfs.Config{}, err
+	}
+	devs := map[string]bool{}
+	for _, s := range f.cfg.Passthrough.GPUs {
+		devs[s] = false
+	}
+	for _, s := range f.cfg.Passthrough.VFs {
+		devs[s] = true
+	}
+	var aliases []string
+	for spec, vf := range devs {
+		sp, err := vfio.ParseSpec(spec, vf)
+		if err != nil {
+			continue // vmm.Config.Validate names it
+		}
+		a, err := kmodules.PCIModalias(f.cfg.SysfsRoot, sp.BDF.String())
+		if err != nil {
+			return initramfs.Config{}, err
+		}
+		aliases = append(aliases, a)
+	}
+	slices.Sort(aliases) // map order must not change the cache key
+	return initramfs.Config{
+		Image: im, Agent: self, Release: release, Modaliases: aliases,
+		Modules:     append(append([]string(nil), kmodules.DefaultModules...), powerButtonModules...),
+		GuestMemory: int64(f.cfg.Memory),
+	}, nil
+}
+
+// buildJobInitrd builds IMAGE's initramfs into the cache; without the
+// power button's modules when the kernel has none.
+func buildJobInitrd(cfg initramfs.Config, log *slog.Logger) (*initramfs.Result, error) {
+	res, err := initramfs.Build(cfg)
+	if err != nil && strings.Contains(err.Error(), "neither in") {
+		log.Warn("job: no power-button modules for this kernel; the guest ignores the power button", "err", err)
+		cfg.Modules = nil
+		res, err = initramfs.Build(cfg)
+	}
+	return res, err
+}
+
+// logInitrd logs the initramfs a job boots: a cache hit, or what was built.
+func logInitrd(log *slog.Logger, im *rootfs.Image, res *initramfs.Result, took time.Duration) {
+	if res.Replaced != "" {
+		log.Warn("job: initramfs cache entry rebuilt", "why", res.Replaced)
+	}
+	if len(res.Unmatched) > 0 {
+		log.Warn("job: passed-through devices without a driver in the guest kernel", "modaliases", res.Unmatched)
+	}
+	if res.Hit {
+		log.Info("job: initramfs cache hit", "image", im.Path(), "key", res.Key[:16], "took", took.Round(time.Millisecond))
+		return
+	}
+	log.Info("job: initramfs built", "image", im.Path(), "size_mib", res.Size>>20, "unpacked_mib", res.Unpacked>>20,
+		"modules", len(res.Modules), "module_source", res.ModuleSource, "took", took.Round(time.Millisecond))
+}

@@ -1,0 +1,612 @@
+// Package jobproto is the wire protocol between hpcvmm (package job, on the
+// host) and its guest agent (package agent, PID 1 in the guest) for
+// `hpcvmm run --rootfs IMAGE -- COMMAND` (docs/jobs.md).
+//
+// Four named virtio-console ports connect them (the Port* constants): the
+// control port carries the frames of this package both ways, the three
+// stream ports carry COMMAND's stdin, stdout and stderr as raw bytes.
+//
+// A frame is a 4-byte big-endian length n, then n bytes: the protocol
+// version (Version), the message type, and the message body. Integers in a
+// body are unsigned varints (encoding/binary's uvarint), strings and byte
+// strings a uvarint length and the bytes, lists a uvarint count and the
+// elements. A frame is read only after its length has been checked against
+// the reader's bound (Reader), so a peer cannot make the other side allocate
+// more than that bound; the body is decoded strictly: a short or overlong
+// body, trailing bytes, an unknown type or version, or a value out of range
+// is an error, never a message. The host reads what the guest sends with a
+// small bound (MaxGuestFrame): everything the guest sends is untrusted.
+//
+// The encoding is hand-written rather than JSON or protobuf: argv and the
+// environment are byte strings on Linux, not necessarily UTF-8, and must
+// arrive unchanged (encoding/json replaces invalid UTF-8), and the protocol
+// is small enough that a code generator would add more than it saves.
+//
+// The package also owns the job's exit status (Status, ExitCode): COMMAND's
+// exit code, 128+N for signal N, and 127/126/125 when COMMAND was not found,
+// not executable, or the VM or the agent failed, as `docker run` uses them.
+package jobproto
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+)
+
+// Names of the virtio-console ports of a job (VIRTIO_CONSOLE_PORT_NAME; the
+// guest finds them in /sys/class/virtio-ports/*/name).
+const (
+	// PortControl carries this package's frames, both ways.
+	PortControl = "org.hpcvmm.control"
+	// PortStdin carries hpcvmm's stdin to COMMAND; end of file is passed on.
+	PortStdin = "org.hpcvmm.stdin"
+	// PortStdout carries COMMAND's stdout (with a pty: the terminal's output).
+	PortStdout = "org.hpcvmm.stdout"
+	// PortStderr carries COMMAND's stderr (unused with a pty).
+	PortStderr = "org.hpcvmm.stderr"
+)
+
+// Version is the protocol version every frame carries. A peer refuses a
+// frame of another version: host and agent are the same binary, so a
+// mismatch means a stale initramfs or a foreign agent.
+const Version = 1
+
+// Frame bounds. A frame's length counts the version, type and body bytes.
+const (
+	// MaxFrame bounds every frame: a Start carries argv and the
+	// environment, which Linux bounds by ARG_MAX (a quarter of the stack
+	// limit, 2 MiB by default), so 4 MiB holds any command line Linux can
+	// exec.
+	MaxFrame = 4 << 20
+	// MaxGuestFrame bounds the frames the host reads from the guest: none
+	// of Ready, Started, Exited, Failed or Log needs more, and the guest is
+	// untrusted.
+	MaxGuestFrame = 64 << 10
+	// headerLen is the length prefix.
+	headerLen = 4
+)
+
+// Type identifies a message on the wire.
+type Type uint8
+
+// Message types. Host to guest: Start, Signal, Resize. Guest to host:
+// Ready, Started, Exited, Failed, Log.
+const (
+	TypeStart   Type = 1
+	TypeSignal  Type = 2
+	TypeResize  Type = 3
+	TypeReady   Type = 16
+	TypeStarted Type = 17
+	TypeExited  Type = 18
+	TypeFailed  Type = 19
+	TypeLog     Type = 20
+)
+
+// Message is one of *Start, *Signal, *Resize, *Ready, *Started, *Exited,
+// *Failed, *Log.
+type Message interface {
+	// Type is the message's wire type.
+	Type() Type
+	appendBody(b []byte) []byte
+	decodeBody(d *decoder)
+}
+
+// Start tells the agent what to run. The agent sends Started or Failed in
+// answer, then Exited when COMMAND ends.
+type Start struct {
+	// Argv is COMMAND and its arguments; Argv[0] is looked up in the
+	// guest's PATH (from Env) when it has no slash.
+	Argv []string
+	// Env is COMMAND's environment, KEY=VALUE each.
+	Env []string
+	// Workdir is COMMAND's working directory; empty means /.
+	Workdir string
+	// SetUser says whether UID and GID apply; otherwise COMMAND runs as
+	// root (the guest's, in a VM of its own).
+	SetUser bool
+	// UID and GID are COMMAND's user and group when SetUser is true.
+	UID, GID uint32
+	// TTY gives COMMAND a pty of Rows x Cols (0: unknown) instead of raw
+	// byte streams: stdout and stderr both go to PortStdout.
+	TTY        bool
+	Rows, Cols uint16
+	// Hostname is the guest's hostname; empty keeps the kernel's.
+	Hostname string
+	// Interfaces are the guest's network interfaces to configure, in the
+	// order of the VM's virtio-net devices.
+	Interfaces []Interface
+	// DNS are the name servers for /etc/resolv.conf; none leaves the
+	// file as IMAGE has it.
+	DNS []net.IP
+	// HugePageSizes are the page sizes (bytes) for which the agent mounts
+	// a hugetlbfs (at /dev/hugepages for the first, /dev/hugepages-SIZE
+	// for each).
+	HugePageSizes []uint64
+	// StopGrace is how long COMMAND has between the agent's SIGTERM and
+	// SIGKILL after the power button (whole milliseconds, at most
+	// MaxStopGrace); 0 means the agent's default. The host makes it
+	// shorter than its own wait after pressing the button.
+	StopGrace time.Duration
+}
+
+// MaxStopGrace bounds Start.StopGrace.
+const MaxStopGrace = 24 * time.Hour
+
+// Interface is one guest network interface, found by its MAC address.
+type Interface struct {
+	// MAC identifies the interface (the VM's virtio-net MAC).
+	MAC net.HardwareAddr
+	// Address is the static address and prefix; nil with DHCP.
+	Address *net.IPNet
+	// Gateway is the default route's next hop; nil for none.
+	Gateway net.IP
+	// DHCP asks the agent to run a DHCP client on the interface.
+	DHCP bool
+}
+
+// Signal asks the agent to send Signo to COMMAND's process group.
+type Signal struct{ Signo uint8 }
+
+// Resize tells the agent the host terminal's new size (TTY jobs).
+type Resize struct{ Rows, Cols uint16 }
+
+// Ready is the agent's first message: the guest is up and reads Start.
+type Ready struct{}
+
+// Started says COMMAND runs, with its PID in the guest.
+type Started struct{ PID uint32 }
+
+// Exited is COMMAND's end: Code when it exited, Signal (non-zero) when a
+// signal killed it.
+type Exited struct {
+	Code   uint8
+	Signal uint8
+}
+
+// Failed says COMMAND could not be run (or the agent failed): Kind decides
+// the exit status, Reason is the one line hpcvmm prints.
+type Failed struct {
+	Kind   FailKind
+	Reason string
+}
+
+// Log is a line of the agent's own (a warning), for hpcvmm's log.
+type Log struct{ Text string }
+
+// Type implements Message.
+func (*Start) Type() Type { return TypeStart }
+
+// Type implements Message.
+func (*Signal) Type() Type { return TypeSignal }
+
+// Type implements Message.
+func (*Resize) Type() Type { return TypeResize }
+
+// Type implements Message.
+func (*Ready) Type() Type { return TypeReady }
+
+// Type implements Message.
+func (*Started) Type() Type { return TypeStarted }
+
+// Type implements Message.
+func (*Exited) Type() Type { return TypeExited }
+
+// Type implements Message.
+func (*Failed) Type() Type { return TypeFailed }
+
+// Type implements Message.
+func (*Log) Type() Type { return TypeLog }
+
+// newMessage returns an empty message of type t, or nil for an unknown t.
+func newMessage(t Type) Message {
+	switch t {
+	case TypeStart:
+		return &Start{}
+	case TypeSignal:
+		return &Signal{}
+	case TypeResize:
+		return &Resize{}
+	case TypeReady:
+		return &Ready{}
+	case TypeStarted:
+		return &Started{}
+	case TypeExited:
+		return &Exited{}
+	case TypeFailed:
+		return &Failed{}
+	case TypeLog:
+		return &Log{}
+	}
+	return nil
+}
+
+// Errors of the framing.
+var (
+	// ErrFrameTooLarge is a frame longer than the bound (MaxFrame, or the
+	// Reader's).
+	ErrFrameTooLarge = errors.New("jobproto: frame longer than the bound")
+	// ErrMalformed is a frame whose body does not decode.
+	ErrMalformed = errors.New("jobproto: malformed frame")
+)
+
+// AppendFrame appends m's frame to b.
+func AppendFrame(b []byte, m Message) ([]byte, error) {
+	start := len(b)
+	b = append(b, 0, 0, 0, 0, Version, byte(m.Type()))
+	b = m.appendBody(b)
+	n := len(b) - start - headerLen
+	if n > MaxFrame {
+		return b[:start], fmt.Errorf("%w: %s of %d bytes (bound %d)", ErrFrameTooLarge, typeName(m.Type()), n, MaxFrame)
+	}
+	binary.BigEndian.PutUint32(b[start:], uint32(n))
+	return b, nil
+}
+
+// Write writes m's frame to w in one Write.
+func Write(w io.Writer, m Message) error {
+	b, err := AppendFrame(nil, m)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(b)
+	return err
+}
+
+// Reader reads frames from a stream, none longer than its bound.
+type Reader struct {
+	r   io.Reader
+	max int
+	buf []byte
+}
+
+// NewReader reads frames of at most bound bytes (after the length prefix)
+// from r; bound is clamped to [2, MaxFrame].
+func NewReader(r io.Reader, bound int) *Reader {
+	return &Reader{r: r, max: min(MaxFrame, max(bound, 2))}
+}
+
+// Read returns the next message. At a clean end of the stream between
+// frames it returns io.EOF; a stream that ends inside a frame gives
+// io.ErrUnexpectedEOF; a frame over the bound ErrFrameTooLarge (without
+// reading it); a frame that does not decode ErrMalformed. After an error
+// the stream's position is undefined: the caller gives up on it.
+func (r *Reader) Read() (Message, error) {
+	var hdr [headerLen]byte
+	if _, err := io.ReadFull(r.r, hdr[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n > uint32(r.max) {
+		return nil, fmt.Errorf("%w: %d bytes (bound %d)", ErrFrameTooLarge, n, r.max)
+	}
+	if n < 2 {
+		return nil, fmt.Errorf("%w: %d bytes, shorter than version and type", ErrMalformed, n)
+	}
+	if cap(r.buf) < int(n) {
+		r.buf = make([]byte, n)
+	}
+	buf := r.buf[:n]
+	if _, err := io.ReadFull(r.r, buf); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	return Decode(buf)
+}
+
+// Decode decodes one frame's content (version, type, body: the bytes after
+// the length prefix).
+func Decode(frame []byte) (Message, error) {
+	if len(frame) < 2 {
+		return nil, fmt.Errorf("%w: %d bytes, shorter than version and type", ErrMalformed, len(frame))
+	}
+	if frame[0] != Version {
+		return nil, fmt.Errorf("%w: protocol version %d, this hpcvmm speaks %d (an initramfs from another hpcvmm?)", ErrMalformed, frame[0], Version)
+	}
+	m := newMessage(Type(frame[1]))
+	if m == nil {
+		return nil, fmt.Errorf("%w: unknown message type %d", ErrMalformed, frame[1])
+	}
+	d := decoder{b: frame[2:]}
+	m.decodeBody(&d)
+	if d.err == nil && len(d.b) != 0 {
+		d.fail("%d trailing bytes", len(d.b))
+	}
+	if d.err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrMalformed, typeName(m.Type()), d.err)
+	}
+	return m, nil
+}
+
+func typeName(t Type) string {
+	switch t {
+	case TypeStart:
+		return "Start"
+	case TypeSignal:
+		return "Signal"
+	case TypeResize:
+		return "Resize"
+	case TypeReady:
+		return "Ready"
+	case TypeStarted:
+		return "Started"
+	case TypeExited:
+		return "Exited"
+	case TypeFailed:
+		return "Failed"
+	case TypeLog:
+		return "Log"
+	}
+	return fmt.Sprintf("type %d", t)
+}
+
+// Bodies.
+
+func (m *Start) appendBody(b []byte) []byte {
+	b = appendStrings(b, m.Argv)
+	b = appendStrings(b, m.Env)
+	b = appendString(b, m.Workdir)
+	b = appendBool(b, m.SetUser)
+	b = binary.AppendUvarint(b, uint64(m.UID))
+	b = binary.AppendUvarint(b, uint64(m.GID))
+	b = appendBool(b, m.TTY)
+	b = binary.AppendUvarint(b, uint64(m.Rows))
+	b = binary.AppendUvarint(b, uint64(m.Cols))
+	b = appendString(b, m.Hostname)
+	b = binary.AppendUvarint(b, uint64(len(m.Interfaces)))
+	for _, i := range m.Interfaces {
+		b = appendBytes(b, i.MAC)
+		if i.Address != nil {
+			b = appendBytes(b, i.Address.IP)
+			b = appendBytes(b, i.Address.Mask)
+		} else {
+			b = appendBytes(b, nil)
+			b = appendBytes(b, nil)
+		}
+		b = appendBytes(b, i.Gateway)
+		b = appendBool(b, i.DHCP)
+	}
+	b = binary.AppendUvarint(b, uint64(len(m.DNS)))
+	for _, ip := range m.DNS {
+		b = appendBytes(b, ip)
+	}
+	b = binary.AppendUvarint(b, uint64(len(m.HugePageSizes)))
+	for _, s := range m.HugePageSizes {
+		b = binary.AppendUvarint(b, s)
+	}
+	return binary.AppendUvarint(b, uint64(m.StopGrace/time.Millisecond))
+}
+
+func (m *Start) decodeBody(d *decoder) {
+	m.Argv = d.strings("argv")
+	m.Env = d.strings("env")
+	m.Workdir = d.string("workdir")
+	m.SetUser = d.bool("setuser")
+	m.UID = uint32(d.uint("uid", 1<<32-1))
+	m.GID = uint32(d.uint("gid", 1<<32-1))
+	m.TTY = d.bool("tty")
+	m.Rows = uint16(d.uint("rows", 1<<16-1))
+	m.Cols = uint16(d.uint("cols", 1<<16-1))
+	m.Hostname = d.string("hostname")
+	n := d.count("interfaces", 5) // at least 5 bytes each
+	if n > 0 {
+		m.Interfaces = make([]Interface, n)
+	}
+	for i := range m.Interfaces {
+		it := &m.Interfaces[i]
+		it.MAC = net.HardwareAddr(d.bytes("mac"))
+		ip, mask := d.bytes("address"), d.bytes("mask")
+		if d.err == nil && (ip != nil || mask != nil) {
+			if !ipLen(len(ip)) || len(mask) != len(ip) {
+				d.fail("interface %d: address of %d bytes with a mask of %d", i, len(ip), len(mask))
+			}
+			it.Address = &net.IPNet{IP: net.IP(ip), Mask: net.IPMask(mask)}
+		}
+		it.Gateway = d.ip("gateway")
+		it.DHCP = d.bool("dhcp")
+	}
+	n = d.count("dns", 1)
+	if n > 0 {
+		m.DNS = make([]net.IP, n)
+	}
+	for i := range m.DNS {
+		m.DNS[i] = d.ip("dns")
+		if d.err == nil && m.DNS[i] == nil {
+			d.fail("empty name server address")
+		}
+	}
+	n = d.count("hugepages", 1)
+	if n > 0 {
+		m.HugePageSizes = make([]uint64, n)
+	}
+	for i := range m.HugePageSizes {
+		m.HugePageSizes[i] = d.uint("hugepage size", 1<<63)
+	}
+	m.StopGrace = time.Duration(d.uint("stop grace", uint64(MaxStopGrace/time.Millisecond))) * time.Millisecond
+}
+
+func ipLen(n int) bool { return n == net.IPv4len || n == net.IPv6len }
+
+func (m *Signal) appendBody(b []byte) []byte { return append(b, m.Signo) }
+func (m *Signal) decodeBody(d *decoder) {
+	m.Signo = uint8(d.uint("signal", 64))
+	if d.err == nil && m.Signo == 0 {
+		d.fail("signal 0")
+	}
+}
+
+func (m *Resize) appendBody(b []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(m.Rows))
+	return binary.AppendUvarint(b, uint64(m.Cols))
+}
+func (m *Resize) decodeBody(d *decoder) {
+	m.Rows = uint16(d.uint("rows", 1<<16-1))
+	m.Cols = uint16(d.uint("cols", 1<<16-1))
+}
+
+func (*Ready) appendBody(b []byte) []byte { return b }
+func (*Ready) decodeBody(*decoder)        {}
+
+func (m *Started) appendBody(b []byte) []byte { return binary.AppendUvarint(b, uint64(m.PID)) }
+func (m *Started) decodeBody(d *decoder)      { m.PID = uint32(d.uint("pid", 1<<32-1)) }
+
+func (m *Exited) appendBody(b []byte) []byte { return append(b, m.Code, m.Signal) }
+func (m *Exited) decodeBody(d *decoder) {
+	m.Code = d.byte("code")
+	m.Signal = d.byte("signal")
+	if d.err == nil && m.Signal > 64 {
+		d.fail("signal %d", m.Signal)
+	}
+	if d.err == nil && m.Signal != 0 && m.Code != 0 {
+		d.fail("both code %d and signal %d", m.Code, m.Signal)
+	}
+}
+
+func (m *Failed) appendBody(b []byte) []byte {
+	b = append(b, byte(m.Kind))
+	return appendString(b, m.Reason)
+}
+func (m *Failed) decodeBody(d *decoder) {
+	m.Kind = FailKind(d.byte("kind"))
+	if d.err == nil && (m.Kind < FailAgent || m.Kind > FailNotExecutable) {
+		d.fail("unknown failure kind %d", m.Kind)
+	}
+	m.Reason = d.string("reason")
+}
+
+func (m *Log) appendBody(b []byte) []byte { return appendString(b, m.Text) }
+func (m *Log) decodeBody(d *decoder)      { m.Text = d.string("text") }
+
+// Encoding helpers.
+
+func appendBool(b []byte, v bool) []byte {
+	if v {
+		return append(b, 1)
+	}
+	return append(b, 0)
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+func appendBytes(b []byte, s []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+func appendStrings(b []byte, ss []string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(ss)))
+	for _, s := range ss {
+		b = appendString(b, s)
+	}
+	return b
+}
+
+// decoder reads a body strictly: the first error sticks and every later
+// read returns zero values.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) fail(format string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf(format, args...)
+	}
+}
+
+func (d *decoder) byte(what string) byte {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b) < 1 {
+		d.fail("%s: body ends early", what)
+		return 0
+	}
+	v := d.b[0]
+	d.b = d.b[1:]
+	return v
+}
+
+func (d *decoder) bool(what string) bool {
+	v := d.byte(what)
+	if v > 1 {
+		d.fail("%s: %d is not a boolean", what, v)
+	}
+	return v == 1
+}
+
+// uint reads a uvarint no larger than max, in its shortest encoding (so
+// every value has one encoding and decode∘encode is the identity on bytes).
+func (d *decoder) uint(what string, max uint64) uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail("%s: bad varint", what)
+		return 0
+	}
+	if n != len(binary.AppendUvarint(nil, v)) {
+		d.fail("%s: varint not in its shortest form", what)
+		return 0
+	}
+	if v > max {
+		d.fail("%s: %d out of range (max %d)", what, v, max)
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+// bytes reads a length-prefixed byte string; nil when empty.
+func (d *decoder) bytes(what string) []byte {
+	n := d.uint(what, uint64(len(d.b)))
+	if d.err != nil || n == 0 {
+		return nil
+	}
+	if uint64(len(d.b)) < n {
+		d.fail("%s: %d bytes announced, %d left", what, n, len(d.b))
+		return nil
+	}
+	v := make([]byte, n)
+	copy(v, d.b)
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) string(what string) string { return string(d.bytes(what)) }
+
+// count reads a list length, checked against what is left at minEach bytes
+// an element, so a frame cannot make the decoder allocate beyond its size.
+func (d *decoder) count(what string, minEach int) int {
+	return int(d.uint(what, uint64(len(d.b)/minEach)))
+}
+
+func (d *decoder) strings(what string) []string {
+	n := d.count(what, 1)
+	if n == 0 {
+		return nil
+	}
+	ss := make([]string, n)
+	for i := range ss {
+		ss[i] = d.string(what)
+	}
+	return ss
+}
+
+// ip reads an address of 0 (nil), 4 or 16 bytes.
+func (d *decoder) ip(what string) net.IP {
+	b := d.bytes(what)
+	if b != nil && !ipLen(len(b)) {
+		d.fail("%s: address of %d bytes", what, len(b))
+		return nil
+	}
+	return net.IP(b)
+}

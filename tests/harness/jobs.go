@@ -1,0 +1,192 @@
+package harness
+
+import (
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+// jobGuestModules are the modules a job's guest loads (kmodules'
+// defaults, and the power button's): the jobs profile puts them, with
+// the kernel's module indexes, in L1's /lib/modules, where hpcvmm run
+// --rootfs looks for the host's modules.
+var jobGuestModules = []string{"virtio_pci", "virtio_console", "virtio_net", "button", "evdev"}
+
+// jobModuleIndexes are the text indexes package kmodules reads.
+var jobModuleIndexes = []string{"modules.dep", "modules.alias", "modules.builtin", "modules.builtin.modinfo", "modules.order"}
+
+// jobsDnsmasq is Debian's dnsmasq, the DHCP server of the jobs profile.
+const jobsDnsmasq = "/usr/sbin/dnsmasq"
+
+// ProfileJobs is ProfileBasic with what `hpcvmm run --rootfs IMAGE --
+// COMMAND` needs of its host (L1): the guest kernel's modules directory
+// (its indexes and the job guest's modules, as the distribution installs
+// them), so hpcvmm builds the job's initramfs as on a real host.
+var ProfileJobs = func() Profile {
+	p := ProfileBasic
+	p.Name = "jobs"
+	p.Files = func(im *Image) error {
+		if err := addJobFiles(im); err != nil {
+			return err
+		}
+		// The DHCP server of the ip=dhcp scenario.
+		if _, err := os.Stat(jobsDnsmasq); err != nil {
+			return fmt.Errorf("%s: %w (run tests/setup.sh: installs dnsmasq)", jobsDnsmasq, err)
+		}
+		return addDynamicProgram(im, jobsDnsmasq)
+	}
+	// The --net ...,bridge= scenarios' bridge in L1.
+	p.Modules = []string{"bridge"}
+	return p
+}()
+
+func addJobFiles(im *Image) error {
+	k, err := FindKernel()
+	if err != nil {
+		return err
+	}
+	mods, err := ModuleDeps(k, jobGuestModules)
+	if err != nil {
+		return err
+	}
+	for _, m := range mods {
+		im.AddFile(m, m, 0o644)
+	}
+	for _, idx := range jobModuleIndexes {
+		p := filepath.Join(k.Modules, idx)
+		if _, err := os.Stat(p); err != nil {
+			return fmt.Errorf("jobs profile: %s: %w (the kernel's modules are not installed: run tests/setup.sh)", p, err)
+		}
+		im.AddFile(p, p, 0o644)
+	}
+	cache, err := CacheDir()
+	if err != nil {
+		return err
+	}
+	deb, err := debianRootfs(cache)
+	if err != nil {
+		return err
+	}
+	return addTree(im, deb, JobsDebianRoot)
+}
+
+// JobsDebianRoot is where the jobs profile's L1 holds a root file system of
+// Debian packages, unpacked by the test bed (debianRootfs), for
+// `hpcvmm run --rootfs` scenarios with files no one here wrote.
+const JobsDebianRoot = "/hpcvmm/jobs/debian"
+
+// debianPackages are busybox-static, python3-minimal and the packages its
+// interpreter needs to start (python3.X-minimal is found from
+// python3-minimal's dependencies): its standard library and the shared
+// libraries python3.X links.
+func debianPackages() ([]string, error) {
+	out, err := exec.Command("apt-cache", "depends", "python3-minimal").Output()
+	if err != nil {
+		return nil, fmt.Errorf("apt-cache depends python3-minimal: %w (Debian's apt is needed for the jobs profile)", err)
+	}
+	var py string
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && strings.HasSuffix(f[0], "Depends:") && strings.HasPrefix(f[1], "python3.") && strings.HasSuffix(f[1], "-minimal") {
+			py = f[1]
+		}
+	}
+	if py == "" {
+		return nil, fmt.Errorf("python3-minimal depends on no python3.X-minimal:\n%s", out)
+	}
+	ver := strings.TrimSuffix(strings.TrimPrefix(py, "python3."), "-minimal")
+	return []string{"busybox-static", "python3-minimal", py, "libpython3." + ver + "-minimal",
+		"libc6", "libexpat1", "zlib1g", "libssl3"}, nil
+}
+
+// debianRootfs downloads the packages (apt-get download, kept in the
+// cache) and unpacks them (dpkg -x) into a fresh directory, returned.
+func debianRootfs(cache string) (string, error) {
+	pkgs, err := debianPackages()
+	if err != nil {
+		return "", err
+	}
+	debs := filepath.Join(cache, "jobs-debian", "debs")
+	if err := os.MkdirAll(debs, 0o755); err != nil {
+		return "", err
+	}
+	have, _ := filepath.Glob(filepath.Join(debs, "*.deb"))
+	if len(have) < len(pkgs) {
+		cmd := exec.Command("apt-get", "download", "-q", "-o", "APT::Sandbox::User=root")
+		cmd.Args = append(cmd.Args, pkgs...)
+		cmd.Dir = debs
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("apt-get download %s: %w\n%s", strings.Join(pkgs, " "), err, out)
+		}
+	}
+	root := filepath.Join(cache, "jobs-debian", "root")
+	if err := os.RemoveAll(root); err != nil {
+		return "", err
+	}
+	all, _ := filepath.Glob(filepath.Join(debs, "*.deb"))
+	for _, d := range all {
+		if out, err := exec.Command("dpkg", "-x", d, root).CombinedOutput(); err != nil {
+			return "", fmt.Errorf("dpkg -x %s: %w\n%s", d, err, out)
+		}
+	}
+	return root, nil
+}
+
+// addTree adds the files and symlinks under src to im under dst.
+func addTree(im *Image, src, dst string) error {
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil || rel == "." {
+			return err
+		}
+		target := filepath.Join(dst, rel)
+		switch {
+		case d.Type()&fs.ModeSymlink != 0:
+			link, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			im.AddSymlink(target, link)
+		case d.Type().IsRegular():
+			fi, err := d.Info()
+			if err != nil {
+				return err
+			}
+			im.AddFile(target, p, fi.Mode().Perm())
+		}
+		return nil
+	})
+}
+
+// ProfileJobsPassthrough is ProfilePassthrough (edu and the NVMe VF) with
+// the jobs profile's guest modules and the guest's nvme driver in L1's
+// /lib/modules, so a job's initramfs carries the passed-through devices'
+// drivers found by their modaliases.
+var ProfileJobsPassthrough = func() Profile {
+	p := ProfilePassthrough
+	p.Name = "jobs-passthrough"
+	p.Files = func(im *Image) error {
+		if err := addJobFiles(im); err != nil {
+			return err
+		}
+		k, err := FindKernel()
+		if err != nil {
+			return err
+		}
+		mods, err := ModuleDeps(k, []string{"nvme"})
+		if err != nil {
+			return err
+		}
+		for _, m := range mods {
+			im.AddFile(m, m, 0o644)
+		}
+		return nil
+	}
+	return p
+}()
