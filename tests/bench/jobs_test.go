@@ -137,14 +137,16 @@ func TestRenderJobs(t *testing.T) {
 		add(caseJob, vmmQEMUMicrovm, whereL1, rep, map[string]float64{mJobStarted: 3000, mJobExitToExit: 1000, mJobTotal: 4000})
 		add(casePingPong, vmmDedicated, whereL1, rep, map[string]float64{mPingMedianUs: 50, mPingP10Us: 40, mPingP90Us: 60, mPingMeanUs: 52})
 		add(casePingPong, vmmShared, whereL1, rep, map[string]float64{mPingMedianUs: 200, mPingP10Us: 150, mPingP90Us: 300, mPingMeanUs: 220})
-		add(caseJobBuild, vmmHPCVMM, whereHost, rep, map[string]float64{mBuildMs: 2000, mHitMs: 20, mArchiveMiB: 520})
+		add(caseJobBuild, vmmHPCVMM, whereHost, rep, map[string]float64{mBuildMs: 2000, mFirstHitMs: 300, mHitMs: 20, mArchiveMiB: 520})
+		add(caseJobBuild, vmmHPCVMMTar, whereHost, rep, map[string]float64{mBuildMs: 3000, mFirstHitMs: 300, mHitMs: 2, mArchiveMiB: 520})
 		add(caseJobBuild, "cpio", whereHost, rep, map[string]float64{mBuildMs: 1000, mArchiveMiB: 515})
 	}
 	rep := &Report{Config: Config{Cases: []string{caseJob, casePingPong, caseJobBuild}, MemoryMiB: 512, LaunchPages: pages2M, Where: whereL1}, Samples: samples}
 	md := renderMarkdown(rep)
 	assert.Contains(t, md, "| **total: launch → VMM exited** | 1000 (1000–1000) | 4000 (4000–4000) | 0.25 |")
 	assert.Contains(t, md, "| median | 50.0 (50.0–50.0) | 200.0 (200.0–200.0) | 0.25 |")
-	assert.Contains(t, md, "| build (cold cache) | 2000 (2000–2000) | 1000 (1000–1000) | 2.00 |")
+	assert.Contains(t, md, "| build (cold cache) | 2000 (2000–2000) | 3000 (3000–3000) | 1000 (1000–1000) | 2.00 | 3.00 |")
+	assert.Contains(t, md, "| warm hit (a later launch) | 20.0 (20.0–20.0) | 2.0 (2.0–2.0) | – | 0.02 | 0.00 |")
 	assert.NotContains(t, md, "Launch → guest /init marker", "a job-only run shows only its tables")
 	assert.True(t, jobOnly([]string{caseJob}))
 	assert.False(t, jobOnly([]string{caseJob, caseLaunch}))
