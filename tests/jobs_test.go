@@ -31,6 +31,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/hpcvmm/hpcvmm/tests/harness"
 )
@@ -448,6 +449,15 @@ func TestJobsNet(t *testing.T) {
 // hpcvmm restores the terminal and exits with COMMAND's status.
 func TestJobsTTY(t *testing.T) {
 	harness.Run(t, harness.ProfileJobs, func(t *testing.T, env *harness.Env) {
+		if mounts, _ := os.ReadFile("/proc/mounts"); !strings.Contains(string(mounts), " /dev/pts devpts ") {
+			// L1's /init mounts no devpts, and /dev/ptmx opens the
+			// devpts beside it: the terminal needs one.
+			require.NoError(t, os.MkdirAll("/dev/pts", 0o755))
+			require.NoError(t, unix.Mount("devpts", "/dev/pts", "devpts", 0, "ptmxmode=0666"))
+		}
+		if _, err := os.Stat("/dev/ptmx"); err != nil {
+			require.NoError(t, os.Symlink("pts/ptmx", "/dev/ptmx"))
+		}
 		root := busyboxRootfs(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
