@@ -181,6 +181,12 @@ type timedRun struct {
 // runToExit runs argv to its end (or cfg.VMTimeout / ctx), stdin empty,
 // and times it; stdout and stderr watch for patterns.
 func runToExit(ctx context.Context, limit time.Duration, argv []string, patterns ...string) timedRun {
+	return runToExitPolling(ctx, limit, argv, nil, patterns...)
+}
+
+// runToExitPolling is runToExit with poll called with the process's pid
+// every 200 ms while it runs.
+func runToExitPolling(ctx context.Context, limit time.Duration, argv []string, poll func(pid int), patterns ...string) timedRun {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	r := timedRun{stdout: newStamps(patterns...), stderr: newStamps(patterns...)}
@@ -192,8 +198,28 @@ func runToExit(ctx context.Context, limit time.Duration, argv []string, patterns
 		r.err = err
 		return r
 	}
+	done := make(chan struct{})
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		if poll == nil {
+			return
+		}
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				poll(cmd.Process.Pid)
+			}
+		}
+	}()
 	r.err = cmd.Wait()
 	r.end = time.Now()
+	close(done)
+	<-polled
 	if ctx.Err() != nil {
 		r.err = fmt.Errorf("no exit within %v (killed): %w", limit, ctx.Err())
 	}
@@ -422,10 +448,22 @@ func runPingPong(ctx context.Context, cfg Config, vmm, root string, rep int) Sam
 	mode := strings.TrimPrefix(vmm, "hpcvmm-")
 	argv := pingArgv(cfg, mode, root)
 	s.Info["argv"] = strings.Join(argv, " ")
-	r := runToExit(ctx, cfg.VMTimeout, argv)
+	// KVM's counters for the VM, the last reading before it exits: the
+	// boot, the ping-pong and most of the power-off.
+	var last map[string]float64
+	r := runToExitPolling(ctx, cfg.VMTimeout, argv, func(pid int) {
+		if st, err := readKVMStats(kvmDebugfs, "/proc", pid); err == nil {
+			last = st
+		}
+	})
 	if r.err != nil {
 		r.fail(&s, "")
 		return s
+	}
+	for _, k := range []string{"exits", "halt_exits", "halt_successful_poll", "halt_wakeup", "irq_exits", "pause_exits"} {
+		if v, ok := last[k]; ok {
+			s.Metrics["kvm."+k] = v
+		}
 	}
 	// The mode the VM got, from its log: a run that fell back to
 	// another mode measures the wrong thing.
@@ -700,13 +738,19 @@ func renderJobs(rep *Report, ix statIndex, where, whereText string) string {
 		for _, m := range []struct{ metric, label string }{
 			{mPingMedianUs, "median"}, {mPingP10Us, "10th percentile"}, {mPingP90Us, "90th percentile"}, {mPingMeanUs, "mean"},
 			{mJobTotal, "whole job, launch → exit (ms)"},
+			{"kvm.exits", "KVM exits in the job (its last reading before the VM's exit: boot, ping-pong, power-off)"},
+			{"kvm.halt_exits", "of which HLT exits"},
+			{"kvm.pause_exits", "PAUSE exits"},
 		} {
 			prec := 1
-			if m.metric == mJobTotal {
+			if m.metric == mJobTotal || strings.HasPrefix(m.metric, "kvm.") {
 				prec = 0
 			}
 			d, ds, dok := cell(where, casePingPong, vmmDedicated, m.metric, prec)
 			s, ss, sok := cell(where, casePingPong, vmmShared, m.metric, prec)
+			if !dok && !sok && strings.HasPrefix(m.metric, "kvm.") {
+				continue
+			}
 			r := ""
 			if dok && sok {
 				r = fmtRatio(ratio(ds.Median, ss.Median))
