@@ -1,6 +1,10 @@
 package acpi
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/hpcvmm/hpcvmm/addrspace"
+)
 
 // Table is one built table and the guest-physical address it is laid out
 // at.
@@ -45,13 +49,12 @@ func (t *Tables) Find(sig string) (Table, bool) {
 // the boundary the BIOS-area scan uses (§5.2.5.1).
 const tableAlign = 16
 
-func alignUp(v uint64) uint64 { return (v + tableAlign - 1) &^ (tableAlign - 1) }
-
 // Build lays out the ACPI tables of p contiguously from guest-physical
 // base. It reports an error for an inconsistent Platform: no CPUs,
 // duplicate APIC IDs, overlapping memory, an empty bus range, windows out of
 // range, GSIs off the IOAPIC, a bad distance matrix, an RSDP overlapping the
-// blob.
+// blob. It is long on purpose: one table after another in the blob's order,
+// each placed where the FADT and XSDT (written last) point.
 func Build(p Platform, base uint64) (Tables, error) {
 	if err := p.validate(); err != nil {
 		return Tables{}, fmt.Errorf("acpi: %w", err)
@@ -98,7 +101,7 @@ func Build(p Platform, base uint64) (Tables, error) {
 	next := base
 	place := func(size int) uint64 {
 		at := next
-		next = alignUp(next + uint64(size))
+		next = addrspace.AlignUp(next+uint64(size), tableAlign)
 		return at
 	}
 	rsdpAddr := p.RSDPAddr

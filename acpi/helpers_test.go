@@ -25,12 +25,12 @@ func vectorBody(t *testing.T, name string) []byte {
 
 // requireIASL returns the path of iasl. A missing iasl fails the test
 // rather than skipping it: these checks are part of the suite, and CI runs
-// tests/setup.sh, which installs acpica-tools.
+// tests/testbed-packages.sh, which installs acpica-tools.
 func requireIASL(t *testing.T) string {
 	t.Helper()
 	p, err := exec.LookPath("iasl")
 	if err != nil {
-		t.Fatalf("iasl not found (%v): run tests/setup.sh, which installs Debian's acpica-tools", err)
+		t.Fatalf("iasl not found (%v): run tests/testbed-packages.sh, which installs Debian's acpica-tools", err)
 	}
 	return p
 }

@@ -171,3 +171,9 @@ func TestAllocatorSmallWindow(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []uint64{0xc000, 0xc020}, []uint64{p, q}, "I/O windows align only naturally")
 }
+
+func TestAlignUpSaturates(t *testing.T) {
+	assert.Equal(t, uint64(0x2000), addrspace.AlignUp(0x1001, 0x1000))
+	assert.Equal(t, uint64(0x1000), addrspace.AlignUp(0x1000, 0x1000))
+	assert.Equal(t, ^uint64(0)&^0xfff, addrspace.AlignUp(^uint64(0)-5, 0x1000), "no wrap to 0")
+}

@@ -92,7 +92,7 @@ func (a *Allocator) AllocAligned(size, align uint64) (uint64, error) {
 	}
 	align = max(align, a.minAlign)
 	end := a.window.End()
-	at := alignUp(a.window.GPA, align)
+	at := AlignUp(a.window.GPA, align)
 	pos := len(a.used)
 	for i, u := range a.used {
 		if at <= end && end-at >= size && at+size <= u.GPA {
@@ -100,7 +100,7 @@ func (a *Allocator) AllocAligned(size, align uint64) (uint64, error) {
 			break
 		}
 		if u.End() > at {
-			at = alignUp(u.End(), align)
+			at = AlignUp(u.End(), align)
 		}
 	}
 	if at < a.window.GPA || at > end || end-at < size {
@@ -122,9 +122,11 @@ func (a *Allocator) End() uint64 {
 // Window returns the allocator's window.
 func (a *Allocator) Window() Range { return a.window }
 
-// alignUp rounds v up to a multiple of align (a power of two), saturating
-// at the top of the address space instead of wrapping.
-func alignUp(v, align uint64) uint64 {
+// AlignUp rounds v up to a multiple of align (a power of two), saturating
+// at the highest multiple below 2^64 instead of wrapping: the one rounding
+// helper of the project (BAR and window placement here, ACPI table layout,
+// preflight's suggested sizes).
+func AlignUp(v, align uint64) uint64 {
 	if v > ^uint64(0)-(align-1) {
 		return ^uint64(0) &^ (align - 1)
 	}

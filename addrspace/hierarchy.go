@@ -119,13 +119,28 @@ func sortItems(items []*item) {
 // result depends only on the tree and the input order, so the VM and
 // preflight, walking the same tree in the same order, get the same layout.
 func PlanHierarchy(w Windows, bridges []*Bridge, bars []BAR) (Layout, error) {
+	if err := validateHierarchy(bridges, bars); err != nil {
+		return Layout{}, err
+	}
+	t := newTree(bridges, bars)
+	sized, err := t.size(bars)
+	if err != nil {
+		return Layout{}, err
+	}
+	return t.place(w, bridges, bars, sized)
+}
+
+// validateHierarchy checks PlanHierarchy's input: bridges listed once, not
+// nil, their parents listed and acyclic, every BAR behind a listed bridge
+// (or the root bus) with a power-of-two size.
+func validateHierarchy(bridges []*Bridge, bars []BAR) error {
 	known := make(map[*Bridge]int, len(bridges))
 	for i, b := range bridges {
 		if b == nil {
-			return Layout{}, fmt.Errorf("addrspace: bridge %d is nil", i)
+			return fmt.Errorf("addrspace: bridge %d is nil", i)
 		}
 		if _, dup := known[b]; dup {
-			return Layout{}, fmt.Errorf("addrspace: bridge %s listed twice", b.Name)
+			return fmt.Errorf("addrspace: bridge %s listed twice", b.Name)
 		}
 		known[b] = i
 	}
@@ -133,25 +148,35 @@ func PlanHierarchy(w Windows, bridges []*Bridge, bars []BAR) (Layout, error) {
 		depth := 0
 		for p := b.Parent; p != nil; p = p.Parent {
 			if _, ok := known[p]; !ok {
-				return Layout{}, fmt.Errorf("addrspace: bridge %s: parent %s is not in the bridge list", b.Name, p.Name)
+				return fmt.Errorf("addrspace: bridge %s: parent %s is not in the bridge list", b.Name, p.Name)
 			}
 			if depth++; depth > len(bridges) {
-				return Layout{}, fmt.Errorf("addrspace: bridge %s: parents form a cycle", b.Name)
+				return fmt.Errorf("addrspace: bridge %s: parents form a cycle", b.Name)
 			}
 		}
 	}
 	for _, b := range bars {
 		if b.Behind != nil {
 			if _, ok := known[b.Behind]; !ok {
-				return Layout{}, fmt.Errorf("addrspace: %s BAR%d: bridge %s is not in the bridge list", b.Owner, b.Index, b.Behind.Name)
+				return fmt.Errorf("addrspace: %s BAR%d: bridge %s is not in the bridge list", b.Owner, b.Index, b.Behind.Name)
 			}
 		}
 		if bits.OnesCount64(b.Size) != 1 {
-			return Layout{}, fmt.Errorf("addrspace: %s BAR%d: size %#x is not a power of two", b.Owner, b.Index, b.Size)
+			return fmt.Errorf("addrspace: %s BAR%d: size %#x is not a power of two", b.Owner, b.Index, b.Size)
 		}
 	}
 
-	// Children of each bridge (nil: the root bus), in input order.
+	return nil
+}
+
+// tree is the hierarchy's children: of each bridge (nil: the root bus),
+// in input order.
+type tree struct {
+	childBridges map[*Bridge][]*Bridge
+	childBARs    map[*Bridge][]int // indices into bars
+}
+
+func newTree(bridges []*Bridge, bars []BAR) tree {
 	childBridges := map[*Bridge][]*Bridge{}
 	for _, b := range bridges {
 		childBridges[b.Parent] = append(childBridges[b.Parent], b)
@@ -161,7 +186,15 @@ func PlanHierarchy(w Windows, bridges []*Bridge, bars []BAR) (Layout, error) {
 		childBARs[b.Behind] = append(childBARs[b.Behind], i)
 	}
 
-	// Bottom-up sizing, children before parents (a post-order walk).
+	return tree{childBridges: childBridges, childBARs: childBARs}
+}
+
+// size sizes every bridge's windows bottom-up, children before parents (a
+// post-order walk): each window holds its BARs and its child bridges'
+// windows of that class, placed as the parent will place them, rounded to
+// the window granularity.
+func (t tree) size(bars []BAR) (map[*Bridge]*sizedBridge, error) {
+	childBridges, childBARs := t.childBridges, t.childBARs
 	sized := map[*Bridge]*sizedBridge{}
 	var size func(b *Bridge) error
 	size = func(b *Bridge) error {
@@ -208,7 +241,7 @@ func PlanHierarchy(w Windows, bridges []*Bridge, bars []BAR) (Layout, error) {
 			if end > ^uint64(0)-g {
 				return fmt.Errorf("addrspace: bridge %s: windows exceed the address space", b.Name)
 			}
-			sb.size[c] = alignUp(end, g)
+			sb.size[c] = AlignUp(end, g)
 			sb.align[c] = align
 		}
 		sized[b] = sb
@@ -216,11 +249,18 @@ func PlanHierarchy(w Windows, bridges []*Bridge, bars []BAR) (Layout, error) {
 	}
 	for _, b := range childBridges[nil] {
 		if err := size(b); err != nil {
-			return Layout{}, err
+			return nil, err
 		}
 	}
 
-	// The root bus: BARs by their own kind, bridge windows by class.
+	return sized, nil
+}
+
+// place places top-down: the root bus's BARs by their own kind and the
+// top bridges' windows by class in the guest's windows, largest first, and
+// each window's contents at the offsets sizing gave them.
+func (t tree) place(w Windows, bridges []*Bridge, bars []BAR, sized map[*Bridge]*sizedBridge) (Layout, error) {
+	childBridges, childBARs := t.childBridges, t.childBARs
 	roots := map[BARKind]Range{Mem32: w.Mem32, Mem64: w.Mem64, IO: w.IO}
 	var top []*item
 	order := 0

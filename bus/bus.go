@@ -21,6 +21,13 @@ import (
 // width (1, 2, 4 or 8 bytes for CPU accesses); a Read fills it, a Write
 // consumes it. Implementations must treat every access as untrusted guest
 // input: any offset inside the range and any width may arrive.
+//
+// Read and Write are called concurrently: each vCPU thread dispatches its
+// own exits with no lock of the bus held, so two vCPUs may be in the same
+// device at once (and a device goroutine or the host side may be too). A
+// device guards its own state (a mutex annotated for checklocks, or
+// atomics), must not block on the guest, and must not allocate per access:
+// this is the exit path.
 type Device interface {
 	Read(offset uint64, data []byte)
 	Write(offset uint64, data []byte)

@@ -39,6 +39,25 @@ func ParseSize(s string) (uint64, error) {
 	return v << shift, nil
 }
 
+// FormatSizeApprox renders a byte count for people, in its largest unit:
+// exactly when the unit divides it ("128G"), else with one decimal
+// ("3.5G" where FormatSize says "3661852K"). For reports; a size the user
+// is to type back (a flag's value) needs FormatSize's exact form.
+func FormatSizeApprox(v uint64) string {
+	for _, u := range []struct {
+		shift  uint
+		suffix string
+	}{{40, "T"}, {30, "G"}, {20, "M"}, {10, "K"}} {
+		if v >= 1<<u.shift {
+			if v%(1<<u.shift) == 0 {
+				return fmt.Sprintf("%d%s", v>>u.shift, u.suffix)
+			}
+			return fmt.Sprintf("%.1f%s", float64(v)/float64(uint64(1)<<u.shift), u.suffix)
+		}
+	}
+	return fmt.Sprintf("%d", v)
+}
+
 // FormatSize renders a byte count with the largest binary suffix that
 // divides it exactly, e.g. 2G, 1536M, 4097.
 func FormatSize(v uint64) string {

@@ -30,3 +30,11 @@ func TestFormatSize(t *testing.T) {
 	assert.Equal(t, "4097", FormatSize(4097))
 	assert.Equal(t, "0", FormatSize(0))
 }
+
+func TestFormatSizeApprox(t *testing.T) {
+	assert.Equal(t, "128G", FormatSizeApprox(128<<30))
+	assert.Equal(t, "3.5G", FormatSizeApprox(3661852<<10))
+	assert.Equal(t, "100T", FormatSizeApprox(100<<40))
+	assert.Equal(t, "1.5M", FormatSizeApprox(1536<<10))
+	assert.Equal(t, "512", FormatSizeApprox(512))
+}

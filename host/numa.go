@@ -17,10 +17,25 @@ import (
 type HugePool struct {
 	// PageSize is the page size in bytes (2 MiB, 1 GiB).
 	PageSize uint64 `json:"page_size"`
-	// Total is nr_hugepages: pages reserved in the pool.
+	// Total is nr_hugepages: the pool's size in pages (set aside from the
+	// rest of memory, whether in use or not).
 	Total uint64 `json:"total"`
-	// Free is free_hugepages: reserved pages not yet in use.
+	// Free is free_hugepages: pages of the pool not yet faulted into any
+	// mapping. It includes Resv.
 	Free uint64 `json:"free"`
+	// Resv is resv_hugepages: free pages already promised to mappings
+	// that have not faulted them in yet, so not available to a new one
+	// (Free - Resv is). Only the global pools in /sys/kernel/mm/hugepages
+	// report it; zero for a node's pool.
+	Resv uint64 `json:"resv"`
+}
+
+// Available is the pages a new mapping can still get: free, not promised.
+func (p HugePool) Available() uint64 {
+	if p.Resv > p.Free {
+		return 0
+	}
+	return p.Free - p.Resv
 }
 
 // Node is one NUMA node as the kernel reports it.
@@ -242,7 +257,7 @@ func parsePoolDir(name string) (uint64, bool) {
 	return kb << 10, true
 }
 
-// readPools reads dir/hugepages-<N>kB/{nr,free}_hugepages.
+// readPools reads dir/hugepages-<N>kB/{nr,free,resv}_hugepages.
 func readPools(dir string) ([]HugePool, error) {
 	if dir == "" {
 		return nil, nil
@@ -266,6 +281,10 @@ func readPools(dir string) ([]HugePool, error) {
 		}
 		if p.Free, err = readUint(filepath.Join(dir, e.Name(), "free_hugepages"), 64); err != nil {
 			return nil, err
+		}
+		// Present in the global pools only.
+		if v, err := readUint(filepath.Join(dir, e.Name(), "resv_hugepages"), 64); err == nil {
+			p.Resv = v
 		}
 		pools = append(pools, p)
 	}

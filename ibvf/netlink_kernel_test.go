@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hpcvmm/hpcvmm/internal/testenv"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
@@ -42,17 +43,6 @@ const (
 
 const helperEnv = "HPCVMM_IBVF_NETLINK_HELPER"
 
-// requireOrSkip fails under HPCVMM_REQUIRE_INTEGRATION=1 (CI) and skips
-// with the reason otherwise.
-func requireOrSkip(t *testing.T, format string, args ...any) {
-	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if os.Getenv("HPCVMM_REQUIRE_INTEGRATION") == "1" {
-		t.Fatalf("%s (a failure, not a skip, because HPCVMM_REQUIRE_INTEGRATION=1)", msg)
-	}
-	t.Skip(msg)
-}
-
 // TestNetlinkMessagesKernelLayout runs SetNodeGUID, SetPortGUID and
 // SetLinkState against a veth in a fresh network namespace under strace,
 // decodes the bytes the process actually sent, and checks them against
@@ -62,11 +52,11 @@ func requireOrSkip(t *testing.T, format string, args ...any) {
 // (CAP_NET_ADMIN, CAP_SYS_ADMIN for the namespace) and strace.
 func TestNetlinkMessagesKernelLayout(t *testing.T) {
 	if os.Geteuid() != 0 {
-		requireOrSkip(t, "needs root for a network namespace and a veth pair")
+		testenv.SkipOrFail(t, "needs root for a network namespace and a veth pair")
 	}
 	strace, err := exec.LookPath("strace")
 	if err != nil {
-		requireOrSkip(t, "needs strace to capture the netlink messages sent (apt-get install strace)")
+		testenv.SkipOrFail(t, "needs strace to capture the netlink messages sent (apt-get install strace)")
 	}
 	trace := filepath.Join(t.TempDir(), "strace.txt")
 	cmd := exec.Command(strace, "-f", "-qq", "-e", "trace=sendto,sendmsg", "-e", "write=all", "-o", trace,
@@ -79,7 +69,7 @@ func TestNetlinkMessagesKernelLayout(t *testing.T) {
 		results[m[1]] = m[2]
 	}
 	if results["veth"] != "ok" {
-		requireOrSkip(t, "cannot make a veth pair in a new network namespace here: %s", out)
+		testenv.SkipOrFail(t, "cannot make a veth pair in a new network namespace here: %s", out)
 	}
 	for _, k := range []string{"node", "port", "link"} {
 		assert.Equal(t, "EOPNOTSUPP", results[k], "kernel's answer to the %s message (EINVAL or ERANGE would mean malformed)", k)

@@ -103,7 +103,8 @@ const GEDSize = acpi.GEDRegisterLen
 // which returns the pending bits and clears them (read-to-clear, so an
 // event is handled once however many vCPUs look). Writes are ignored.
 type GED struct {
-	mu      sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	pending uint32
 	raise   func()
 	// OnRead, if set, hears each event-register read with the events it

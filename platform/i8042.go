@@ -68,12 +68,19 @@ type I8042 struct {
 	mu    sync.Mutex
 	reset func()
 
-	out      byte // output buffer (port 0x60)
-	outFull  bool
-	status   byte // sticky status bits other than OBF
-	ctr      byte // controller configuration byte
-	outPort  byte
-	pending  byte // command waiting for its parameter byte at 0x60, or 0
+	// +checklocks:mu
+	out byte // output buffer (port 0x60)
+	// +checklocks:mu
+	outFull bool
+	// +checklocks:mu
+	status byte // sticky status bits other than OBF
+	// +checklocks:mu
+	ctr byte // controller configuration byte
+	// +checklocks:mu
+	outPort byte
+	// +checklocks:mu
+	pending byte // command waiting for its parameter byte at 0x60, or 0
+	// +checklocks:mu
 	lastRead byte
 }
 
@@ -238,6 +245,7 @@ func (c i8042Command) Write(offset uint64, data []byte) {
 // put places a byte in the output buffer. A controller response overwrites
 // an unread byte: the guest issued a new command, so the old answer is
 // stale (Linux's AUX probe depends on this after an AUX loop it rejects).
+// +checklocks:k.mu
 func (k *I8042) put(v byte) {
 	k.out = v
 	k.outFull = true

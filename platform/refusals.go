@@ -32,7 +32,8 @@ type Refusals struct {
 	interval time.Duration
 	now      func() time.Time
 
-	mu    sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	kinds map[string]*refusalKind
 }
 

@@ -43,10 +43,12 @@ const (
 // alarm or periodic interrupts, and the update-in-progress bit is never
 // set, so a reader never waits.
 type RTC struct {
-	mu    sync.Mutex
-	now   func() time.Time
+	mu  sync.Mutex
+	now func() time.Time
+	// +checklocks:mu
 	index byte
-	cmos  [128]byte
+	// +checklocks:mu
+	cmos [128]byte
 }
 
 // NewRTC returns a clock that reads now (time.Now when nil), in UTC as PC
@@ -92,24 +94,19 @@ func (r *RTC) Write(offset uint64, data []byte) {
 	}
 }
 
+// +checklocks:r.mu
 func (r *RTC) readReg(reg byte) byte {
 	binary := r.cmos[rtcRegB]&rtcRegBBinary != 0
-	enc := func(v int) byte {
-		if binary {
-			return byte(v)
-		}
-		return byte(v/10<<4 | v%10)
-	}
 	t := r.now().UTC()
 	switch reg {
 	case rtcSeconds:
-		return enc(t.Second())
+		return rtcEncode(t.Second(), binary)
 	case rtcMinutes:
-		return enc(t.Minute())
+		return rtcEncode(t.Minute(), binary)
 	case rtcHours:
 		h := t.Hour()
 		if r.cmos[rtcRegB]&rtcRegB24h != 0 {
-			return enc(h)
+			return rtcEncode(h, binary)
 		}
 		pm := byte(0)
 		if h >= 12 {
@@ -118,23 +115,32 @@ func (r *RTC) readReg(reg byte) byte {
 		if h = h % 12; h == 0 {
 			h = 12
 		}
-		return enc(h) | pm
+		return rtcEncode(h, binary) | pm
 	case rtcWeekday:
-		return enc(int(t.Weekday()) + 1)
+		return rtcEncode(int(t.Weekday())+1, binary)
 	case rtcDayOfMonth:
-		return enc(t.Day())
+		return rtcEncode(t.Day(), binary)
 	case rtcMonth:
-		return enc(int(t.Month()))
+		return rtcEncode(int(t.Month()), binary)
 	case rtcYear:
-		return enc(t.Year() % 100)
+		return rtcEncode(t.Year()%100, binary)
 	case rtcCentury:
-		return enc(t.Year() / 100)
+		return rtcEncode(t.Year()/100, binary)
 	case rtcRegC:
 		return 0 // no interrupt flags: no alarm or periodic interrupts
 	}
 	return r.cmos[reg]
 }
 
+// rtcEncode is a time field as the guest asked for it: binary, or BCD.
+func rtcEncode(v int, binary bool) byte {
+	if binary {
+		return byte(v)
+	}
+	return byte(v/10<<4 | v%10)
+}
+
+// +checklocks:r.mu
 func (r *RTC) writeReg(reg, v byte) {
 	switch reg {
 	case rtcSeconds, rtcMinutes, rtcHours, rtcWeekday, rtcDayOfMonth, rtcMonth, rtcYear, rtcCentury, rtcRegC, rtcRegD:

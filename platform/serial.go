@@ -115,26 +115,40 @@ type Serial struct {
 	out io.Writer
 	irq func()
 
+	// +checklocks:mu
 	ier, lcr, mcr, scr byte
-	dll, dlm           byte
-	fcr                byte
-	lsrErr             byte // sticky error bits, cleared by reading LSR
-	msrDelta           byte // MSR delta bits, cleared by reading MSR
-	thrPending         bool // THR-empty interrupt raised and not yet acknowledged
+	// +checklocks:mu
+	dll, dlm byte
+	// +checklocks:mu
+	fcr byte
+	// +checklocks:mu
+	lsrErr byte // sticky error bits, cleared by reading LSR
+	// +checklocks:mu
+	msrDelta byte // MSR delta bits, cleared by reading MSR
+	// +checklocks:mu
+	thrPending bool // THR-empty interrupt raised and not yet acknowledged
 
-	fifo     [rxFIFOSize]byte // the chip's receive FIFO (ring)
+	// +checklocks:mu
+	fifo [rxFIFOSize]byte // the chip's receive FIFO (ring)
+	// +checklocks:mu
 	fifoHead int
-	fifoLen  int
+	// +checklocks:mu
+	fifoLen int
+	// +checklocks:mu
 	lastRead byte    // RBR value when the FIFO is empty
 	txByte   [1]byte // reused for every output byte so THR writes don't allocate
 
 	// The host end of the line: bytes accepted by Input that the FIFO has
 	// not taken yet (ring). space is signalled (under mu) whenever the
 	// FIFO takes some, waking a blocked Input.
-	hold      [rxHoldSize]byte
-	holdHead  int
-	holdLen   int
-	space     sync.Cond
+	// +checklocks:mu
+	hold [rxHoldSize]byte
+	// +checklocks:mu
+	holdHead int
+	// +checklocks:mu
+	holdLen int
+	space   sync.Cond
+	// +checklocks:mu
 	inClosed  bool
 	inputBusy sync.Mutex // serializes Input callers so their bytes never interleave
 }
@@ -231,6 +245,7 @@ func (s *Serial) CloseInput() {
 
 // fifoCap is the receive FIFO's depth: 16 bytes with the FIFOs enabled, the
 // single holding register of 16450 mode otherwise.
+// +checklocks:s.mu
 func (s *Serial) fifoCap() int {
 	if s.fcr&fcrEnable != 0 {
 		return rxFIFOSize
@@ -246,6 +261,7 @@ func (s *Serial) fifoCap() int {
 // before it resets the FIFO on close, and its probe never has them all, so
 // host input waits rather than meet those resets. A driver that polls LSR
 // with interrupts off receives nothing; Linux does not do that.
+// +checklocks:s.mu
 func (s *Serial) listening() bool {
 	return s.mcr&(mcrLoop|mcrOUT2|mcrRTS) == mcrOUT2|mcrRTS && s.ier&ierRDI != 0
 }
@@ -254,6 +270,7 @@ func (s *Serial) listening() bool {
 // reports whether that made the received-data interrupt newly pending (the
 // FIFO was empty). Called with mu held; wakes a blocked Input when it took
 // bytes.
+// +checklocks:s.mu
 func (s *Serial) receive() bool {
 	if !s.listening() || s.holdLen == 0 {
 		return false
@@ -275,6 +292,7 @@ func (s *Serial) receive() bool {
 
 // push appends one byte received in loopback, or records an overrun when
 // the FIFO is full, as on hardware.
+// +checklocks:s.mu
 func (s *Serial) push(b byte) {
 	if s.fifoLen >= s.fifoCap() {
 		s.lsrErr |= lsrOE
@@ -286,6 +304,7 @@ func (s *Serial) push(b byte) {
 
 // rxInterrupt reports whether a receive-side interrupt is enabled and
 // pending.
+// +checklocks:s.mu
 func (s *Serial) rxInterrupt() bool {
 	return s.ier&ierRDI != 0 && s.fifoLen > 0 || s.ier&ierRLSI != 0 && s.lsrErr != 0
 }
@@ -324,6 +343,7 @@ func (s *Serial) Write(offset uint64, data []byte) {
 	}
 }
 
+// +checklocks:s.mu
 func (s *Serial) readReg(reg uint64) byte {
 	switch reg {
 	case regRBR:
@@ -377,6 +397,7 @@ func (s *Serial) readReg(reg uint64) byte {
 
 // writeReg performs one register write and reports whether an enabled
 // interrupt condition became pending.
+// +checklocks:s.mu
 func (s *Serial) writeReg(reg uint64, v byte) bool {
 	switch reg {
 	case regTHR:
@@ -456,6 +477,7 @@ func (s *Serial) writeReg(reg uint64, v byte) bool {
 
 // setMCR updates MCR and, in loopback mode, the modem-status deltas that
 // the changed output lines produce.
+// +checklocks:s.mu
 func (s *Serial) setMCR(v byte) bool {
 	before := s.msrLines()
 	s.mcr = v
@@ -480,6 +502,7 @@ func (s *Serial) setMCR(v byte) bool {
 // the line looks like a connected null-modem: carrier, DSR and CTS
 // asserted, no ring. In loopback the outputs are wired back to the inputs:
 // RTS->CTS, DTR->DSR, OUT1->RI, OUT2->DCD, which Linux's probe checks.
+// +checklocks:s.mu
 func (s *Serial) msrLines() byte {
 	if s.mcr&mcrLoop == 0 {
 		return msrDCD | msrDSR | msrCTS
@@ -500,8 +523,10 @@ func (s *Serial) msrLines() byte {
 	return v
 }
 
+// +checklocks:s.mu
 func (s *Serial) msr() byte { return s.msrLines() | s.msrDelta }
 
+// +checklocks:s.mu
 func (s *Serial) lsr() byte {
 	v := byte(lsrTHRE|lsrTEMT) | s.lsrErr
 	if s.fifoLen > 0 {
@@ -513,6 +538,7 @@ func (s *Serial) lsr() byte {
 // pendingID returns the IIR identification of the highest-priority enabled
 // pending interrupt: line status, then received data, then THR empty, then
 // modem status.
+// +checklocks:s.mu
 func (s *Serial) pendingID() byte {
 	switch {
 	case s.ier&ierRLSI != 0 && s.lsrErr&lsrErr != 0:

@@ -21,8 +21,10 @@ type Unhandled struct {
 	log  *slog.Logger
 	kind string
 
-	mu   sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	seen map[uint64]struct{}
+	// +checklocks:mu
 	full bool // maxLoggedAddrs reached and reported
 }
 

@@ -65,6 +65,8 @@ func TestUnhandledBoundedMemory(t *testing.T) {
 	}
 	lines := strings.Count(buf.String(), "\n")
 	assert.Equal(t, maxLoggedAddrs+1, lines, "the limit is reported once, then logging stops")
+	u.mu.Lock()
+	defer u.mu.Unlock()
 	assert.Len(t, u.seen, maxLoggedAddrs)
 }
 

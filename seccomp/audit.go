@@ -26,7 +26,14 @@ func (v Violation) String() string {
 	if v.Killed {
 		what = "killed the process (SIGSYS)"
 	}
-	return fmt.Sprintf("seccomp: %s (syscall %d) on thread %q of pid %d %s", v.Name, v.Syscall, v.Comm, v.PID, what)
+	rule := ""
+	for _, r := range Rules() {
+		if r.Name == v.Name {
+			// The audit line has no arguments: say which form passes.
+			rule = "; the process filter allows " + r.Name + " " + r.Allows
+		}
+	}
+	return fmt.Sprintf("seccomp: %s (syscall %d) on thread %q of pid %d %s%s", v.Name, v.Syscall, v.Comm, v.PID, what, rule)
 }
 
 // KernelViolations reads the kernel log (/dev/kmsg, which needs

@@ -11,21 +11,29 @@
 //
 // # Library
 //
-// The BPF is built by github.com/elastic/go-seccomp-bpf: pure Go (no cgo, no
-// libseccomp: the harness builds hpcvmm with CGO_ENABLED=0), maintained (Elastic's Beats and Auditbeat
-// load their filters with it), small (it needs golang.org/x/net/bpf and
-// x/sys only), with syscall tables generated from the kernel's per
-// architecture, the architecture check and x32 refusal every filter needs,
-// and SECCOMP_FILTER_FLAG_TSYNC. It also makes the seccomp(2) call itself
-// (its unsafe stays in the dependency, like x/sys/unix's; nothing here needs
-// package uapi). The others: github.com/seccomp/libseccomp-golang needs cgo
-// and libseccomp; gVisor's pkg/seccomp is good but pulls in a large part of
-// gVisor; golang.org/x/net/bpf alone is an assembler, leaving the jump
-// arithmetic, architecture check and syscall tables to hand-written code.
-// One gap is covered here: with TSYNC the kernel reports a thread it could
-// not synchronise as a positive return value, which the library (checking
-// errno only) would take for success, so InstallProcess adds
-// SECCOMP_FILTER_FLAG_TSYNC_ESRCH (Linux 5.7) to get ESRCH instead.
+// The syscall tables come from github.com/elastic/go-seccomp-bpf: pure Go
+// (no cgo, no libseccomp: the harness builds hpcvmm with CGO_ENABLED=0),
+// maintained (Elastic's Beats and Auditbeat load their filters with it),
+// small (it needs golang.org/x/net/bpf and x/sys only), its tables
+// generated from the kernel's per architecture. The others:
+// github.com/seccomp/libseccomp-golang needs cgo and libseccomp; gVisor's
+// pkg/seccomp is good but pulls in a large part of gVisor.
+//
+// The BPF program itself is laid out here with golang.org/x/net/bpf
+// (assembleFilter), and loaded by package uapi (SeccompSetFilter): the
+// library's argument conditions (v1.6.0, the latest) leave the argument in
+// the accumulator when a condition fails and go on comparing it with the
+// following syscalls' numbers, so an mmap with PROT_READ|PROT_WRITE|
+// PROT_EXEC (7) matched poll's number and was allowed. The layout is
+// small: the architecture check, x32 refused with ENOSYS, one block per
+// syscall with argument conditions that ends in its own allow or default
+// action, the unconditional syscalls, the default action.
+// TestProgramMatchesRules runs both programs in x/net/bpf's interpreter on
+// 200,000 calls drawn at the edges and compares every answer with the
+// rules evaluated in Go. The process filter is loaded with
+// SECCOMP_FILTER_FLAG_TSYNC and SECCOMP_FILTER_FLAG_TSYNC_ESRCH (Linux
+// 5.7), so a thread that could not be synchronised is ESRCH, not a
+// positive return taken for success.
 //
 // # Thread kinds, and why Go makes it two filters
 //
@@ -108,8 +116,43 @@
 // guest that reprograms MSI-X at run time) is covered by reading the code:
 // those paths make ioctl, pread64/pwrite64, eventfd2 and close, all listed.
 //
-// The lists filter syscall numbers, not arguments. Argument checks (which
-// ioctl requests a vCPU thread may make) would make the kernel run the BPF
-// program on every KVM_RUN; without them the kernel's per-filter action
-// cache (Linux 5.11) answers an allowed syscall without running it.
+// # Argument rules (issue 23)
+//
+// A syscall number alone does not contain a compromised thread: openat
+// with O_WRONLY|O_CREAT writes /etc/ld.so.preload or
+// /proc/sys/kernel/core_pattern as root (code execution outside every
+// filter), mmap or mprotect with PROT_EXEC runs injected code, kill and
+// tgkill reach any process, ioctl reaches any driver (TIOCSTI types into
+// the terminal hpcvmm was started from). The process filter therefore
+// checks arguments (Rules):
+//
+//   - openat only without O_WRONLY, O_RDWR, O_CREAT, O_TRUNC, O_APPEND:
+//     what the run writes is opened before the filter (the sysfs
+//     attributes the journal's restore writes, in vmm), or needs no write
+//     access (/dev/vhost-net, opened at DRIVER_OK, is opened read-only);
+//     vCPU threads name themselves with prctl, not by writing
+//     /proc/self/task/TID/comm. renameat and mkdirat are not on the list:
+//     a rename would move a file another user wrote over one root trusts.
+//   - mmap and mprotect without PROT_EXEC (the Go runtime maps no
+//     executable memory after start, nor does glibc's pthread_create).
+//   - kill and tgkill only with this process's pid: the runtime's
+//     preemption and crash signals, a vCPU's kick.
+//   - prctl only PR_SET_NAME.
+//   - ioctl only the requests of ioctlRequests, named as in the C headers
+//     (package uapi has the numbers and checks them against the headers).
+//
+// What remains: unlinkat (the journal's removal at teardown) can remove a
+// file, though not create or change one; read-only opens and reads of
+// whatever root can read; the vCPU filter's list is a subset of the
+// process list and carries no conditions of its own (both filters run on
+// a vCPU thread, so the process filter's conditions hold there too).
+// A call refused by a rule takes the filter's default action like a
+// syscall outside the list: SIGSYS in Kill mode, run and logged in Log
+// mode, so --seccomp=log finds what a new setup needs either way (the
+// audit line names the syscall; Violation.String adds the rule).
+//
+// The argument checks cost: an ioctl (KVM_RUN's included) runs the process
+// program (the kernel's action cache answers only calls whose answer does
+// not depend on arguments); ioctl's block comes first, KVM_RUN its first
+// request, so KVM_RUN is allowed after 10 BPF instructions.
 package seccomp

@@ -14,6 +14,8 @@ import (
 	"github.com/elastic/go-seccomp-bpf/arch"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/hpcvmm/hpcvmm/uapi"
 )
 
 // Kind is a kind of hpcvmm thread, with its own allow-list.
@@ -60,15 +62,20 @@ var lists = map[Kind][]string{
 		// The VMM's own work: KVM, VFIO, vhost and TAP ioctls, eventfds,
 		// virtqueue data to and from TAPs, VFIO config space, the
 		// transport's doorbell poll, the console and log.
+		// ioctl: only the requests in ioctlRequests (argRules).
 		"ioctl", "futex", "read", "write", "readv", "writev", "pread64", "pwrite64",
 		"poll", "ppoll", "epoll_pwait", "epoll_wait", "epoll_ctl", "epoll_create1", "eventfd2",
 		// The Go runtime: scheduler and timers, memory, signals
 		// (preemption is SIGURG by tgkill), new Ms (clone), exits.
+		// mmap and mprotect without PROT_EXEC, kill and tgkill of this
+		// process only (argRules).
 		"nanosleep", "sched_yield", "clock_gettime", "gettimeofday", "getrandom",
 		"mmap", "munmap", "madvise",
 		"rt_sigreturn", "rt_sigprocmask", "rt_sigaction", "sigaltstack",
 		"getpid", "gettid", "tgkill", "kill",
 		"clone", "exit", "exit_group",
+		// Naming a vCPU thread (PR_SET_NAME only, argRules).
+		"prctl",
 		"sched_getaffinity", "sched_setaffinity",
 		// New Ms in a cgo-linked binary (the default `go build`: package
 		// net links runtime/cgo) are made by glibc's pthread_create: its
@@ -76,10 +83,15 @@ var lists = map[Kind][]string{
 		// and malloc for the start arguments.
 		"clone3", "mprotect", "rseq", "set_robust_list", "brk",
 		// Files after setup: /proc and /sys reads (vhost worker placement,
-		// the journal of rebound devices), the journal's updates and
-		// removal at teardown, terminal state.
+		// the journal of rebound devices, /dev/vhost-net at DRIVER_OK),
+		// the journal's removal at teardown, terminal state. openat only
+		// without write, create, truncate or append flags (argRules):
+		// what the run writes is opened before the filter (the sysfs
+		// attributes the journal's restore writes: vmm's hostWriter).
+		// No renameat or mkdirat: a rename would let a thread move a
+		// file another user wrote over one root trusts.
 		"openat", "close", "fstat", "newfstatat", "lseek", "getdents64", "fcntl",
-		"readlinkat", "unlinkat", "renameat", "mkdirat", "fsync",
+		"readlinkat", "unlinkat", "fsync",
 		// Installing the stricter vCPU filters after this one: a filter
 		// can only narrow what is allowed, so allowing seccomp(2) gives
 		// nothing away.
@@ -108,42 +120,244 @@ var lists = map[Kind][]string{
 	},
 }
 
+// ioctlRequests are the ioctl requests the process filter allows: those
+// hpcvmm makes once setup is done, by their C names (package uapi has the
+// numbers), KVM_RUN first because the filter's comparisons run in order on
+// every ioctl. Found by reading the code that runs after Run installs the
+// filter: the exit loop and its devices (interrupt lines and routes,
+// irqfds and ioeventfds as the guest programs MSI-X and enables queues,
+// memslots as it moves BARs, VFIO interrupts, DMA maps and resets),
+// virtio-net's DRIVER_OK (vhost-net set-up, TAP queues and offloads), the
+// state logged when a vCPU fails and the stats read at the end, teardown
+// (VFIO group and KVM-VFIO device release) and the console terminal's
+// state (raw mode's restore, the window size). Left out are the requests
+// only setup makes (creating VMs, vCPUs, devices, the IRQ chip; CPUID,
+// capabilities, TAP creation, VFIO container and group set-up) and every
+// request hpcvmm never makes: TIOCSTI (typing into the console's
+// terminal), TIOCSETD, FS_IOC_SETFLAGS, block and network device requests.
+var ioctlRequests = []string{
+	"KVM_RUN", "KVM_IRQ_LINE", "KVM_SIGNAL_MSI", "KVM_IRQFD", "KVM_SET_GSI_ROUTING", "KVM_IOEVENTFD",
+	"KVM_SET_USER_MEMORY_REGION", "KVM_NMI", "KVM_CHECK_EXTENSION",
+	"KVM_GET_REGS", "KVM_GET_SREGS", "KVM_GET_MSRS", "KVM_GET_FPU", "KVM_GET_LAPIC", "KVM_GET_MP_STATE",
+	"KVM_GET_XCRS", "KVM_GET_STATS_FD", "KVM_SET_DEVICE_ATTR", "KVM_GET_DEVICE_ATTR", "KVM_HAS_DEVICE_ATTR",
+	"VFIO_DEVICE_SET_IRQS", "VFIO_DEVICE_GET_REGION_INFO", "VFIO_DEVICE_RESET",
+	"VFIO_IOMMU_MAP_DMA", "VFIO_IOMMU_UNMAP_DMA", "VFIO_GROUP_UNSET_CONTAINER", "VFIO_CHECK_EXTENSION",
+	"VHOST_GET_FEATURES", "VHOST_SET_FEATURES", "VHOST_SET_OWNER", "VHOST_SET_MEM_TABLE",
+	"VHOST_SET_VRING_NUM", "VHOST_SET_VRING_ADDR", "VHOST_SET_VRING_BASE", "VHOST_SET_VRING_KICK",
+	"VHOST_SET_VRING_CALL", "VHOST_NET_SET_BACKEND",
+	"TUNSETQUEUE", "TUNSETOFFLOAD", "TUNSETVNETHDRSZ", "TUNGETIFF",
+	"TCGETS", "TCSETS", "TCSETSW", "TCSETSF", "TIOCGWINSZ",
+}
+
+// openWriteFlags are the openat flags that open a file for changing it:
+// write access (O_TMPFILE needs it too), creation, truncation (Linux
+// truncates even a read-only open with O_TRUNC), appending.
+const openWriteFlags = unix.O_WRONLY | unix.O_RDWR | unix.O_CREAT | unix.O_TRUNC | unix.O_APPEND
+
+// Rule is one argument condition of the process filter: syscall Name is
+// allowed only when Allows says so.
+type Rule struct {
+	Name   string
+	Allows string // the condition, in words
+}
+
+// Rules lists the process filter's argument conditions, for documentation
+// and for the message that names a logged or killing syscall.
+func Rules() []Rule {
+	return []Rule{
+		{"openat", "without O_WRONLY, O_RDWR, O_CREAT, O_TRUNC or O_APPEND: files written after setup are opened before the filter"},
+		{"mmap", "without PROT_EXEC"},
+		{"mprotect", "without PROT_EXEC"},
+		{"kill", "only of this process (pid == getpid())"},
+		{"tgkill", "only of this process's threads (tgid == getpid())"},
+		{"prctl", "only PR_SET_NAME"},
+		{"ioctl", "only with the requests " + strings.Join(ioctlRequests, ", ")},
+	}
+}
+
+// argRule is one argument condition: syscall name is allowed only when its
+// argument arg, as the kernel reads it (the low 32 bits: every argument
+// checked here is an int, an unsigned int or, for mmap's and mprotect's
+// prot, a word whose PROT_EXEC bit is in the low half), equals one of
+// values (equal; the high half must be 0 as well), or has none of
+// values[0]'s bits set (!equal).
+type argRule struct {
+	name   string
+	arg    int
+	equal  bool
+	values []uint64
+}
+
+// argRules are the process filter's argument conditions for process pid.
+func argRules(pid int) ([]argRule, error) {
+	reqs := make([]uint64, 0, len(ioctlRequests))
+	for _, n := range ioctlRequests {
+		req, ok := uapi.IoctlRequest(n)
+		if !ok {
+			return nil, fmt.Errorf("seccomp: ioctl request %s unknown to package uapi", n)
+		}
+		reqs = append(reqs, uint64(req))
+	}
+	return []argRule{
+		{name: "ioctl", arg: 1, equal: true, values: reqs},
+		{name: "openat", arg: 2, values: []uint64{openWriteFlags}},
+		{name: "mmap", arg: 2, values: []uint64{unix.PROT_EXEC}},
+		{name: "mprotect", arg: 2, values: []uint64{unix.PROT_EXEC}},
+		{name: "kill", arg: 0, equal: true, values: []uint64{uint64(pid)}},
+		{name: "tgkill", arg: 0, equal: true, values: []uint64{uint64(pid)}},
+		{name: "prctl", arg: 0, equal: true, values: []uint64{unix.PR_SET_NAME}},
+	}, nil
+}
+
 // Allowed returns the allow-list of kind k (a copy), or nil for an unknown
-// kind.
+// kind. For Process, the syscalls of Rules are allowed only with the
+// arguments they name.
 func Allowed(k Kind) []string { return slices.Clone(lists[k]) }
 
-// Program assembles kind k's filter in mode m into BPF: the syscall
-// numbers of this architecture, other architectures' (and x32's) calls
-// refused, the default action from m.
+// Program assembles kind k's filter in mode m for this process into BPF:
+// the syscall numbers of this architecture, the argument conditions of
+// Rules (Process only), other architectures' (and x32's) calls refused, the
+// default action from m.
 func Program(k Kind, m Mode) ([]bpf.RawInstruction, error) {
+	return program(k, m, os.Getpid())
+}
+
+// program is kind k's filter in mode m for process pid. The argument
+// conditions are on the process filter only: it runs on every thread, the
+// vCPU threads included, so the stacked vCPU filter would add nothing by
+// checking them again, and without conditions the kernel's action cache
+// answers its allowed syscalls without running it.
+//
+// The BPF is laid out here rather than by go-seccomp-bpf's Policy: its
+// argument conditions (v1.6.0) leave the argument in the accumulator when
+// a condition fails and go on comparing it with the next syscalls'
+// numbers, so mmap with PROT_READ|PROT_WRITE|PROT_EXEC (7) matched poll's
+// number and was allowed (TestArgumentRules caught it). Here a syscall with
+// conditions ends its own block with an allow or the default action, and
+// nothing after a failed condition compares numbers.
+func program(k Kind, m Mode, pid int) ([]bpf.RawInstruction, error) {
 	names, ok := lists[k]
 	if !ok {
 		return nil, fmt.Errorf("seccomp: unknown thread kind %q", k)
 	}
-	return assemble(policy(names, m))
-}
-
-func policy(names []string, m Mode) libseccomp.Policy {
-	def := libseccomp.ActionKillProcess
+	var rules []argRule
+	if k == Process {
+		var err error
+		if rules, err = argRules(pid); err != nil {
+			return nil, err
+		}
+	}
+	def := uint32(libseccomp.ActionKillProcess)
 	if m == Log {
-		def = libseccomp.ActionLog
+		def = uint32(libseccomp.ActionLog)
 	}
-	return libseccomp.Policy{
-		DefaultAction: def,
-		Syscalls:      []libseccomp.SyscallGroup{{Action: libseccomp.ActionAllow, Names: names}},
-	}
-}
-
-func assemble(p libseccomp.Policy) ([]bpf.RawInstruction, error) {
-	insts, err := p.Assemble()
+	insts, err := assembleFilter(names, rules, def)
 	if err != nil {
-		return nil, fmt.Errorf("seccomp: %w", err)
+		return nil, err
 	}
 	raw, err := bpf.Assemble(insts)
 	if err != nil {
 		return nil, fmt.Errorf("seccomp: %w", err)
 	}
 	return raw, nil
+}
+
+// Offsets in struct seccomp_data.
+const (
+	dataNR   = 0
+	dataArch = 4
+	dataArgs = 16
+)
+
+// assembleFilter lays out the filter: the architecture check, x32 calls
+// refused with ENOSYS, one block per syscall with argument conditions
+// (ioctl first: KVM_RUN is the hottest call that runs the program; the
+// kernel's action cache answers the unconditional ones without it), the
+// unconditional syscalls, then the default action def.
+func assembleFilter(names []string, rules []argRule, def uint32) ([]bpf.Instruction, error) {
+	a, err := arch.GetInfo("")
+	if err != nil {
+		return nil, fmt.Errorf("seccomp: %w", err)
+	}
+	nr := func(name string) (uint32, error) {
+		n, ok := a.SyscallNames[name]
+		if !ok {
+			return 0, fmt.Errorf("seccomp: unknown syscall %q on %s", name, a.Name)
+		}
+		return uint32(n) | uint32(a.SeccompMask), nil
+	}
+	allow := bpf.RetConstant{Val: uint32(libseccomp.ActionAllow)}
+	deny := bpf.RetConstant{Val: def}
+	prog := []bpf.Instruction{
+		bpf.LoadAbsolute{Off: dataArch, Size: 4},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(a.ID), SkipTrue: 1},
+		deny,
+		bpf.LoadAbsolute{Off: dataNR, Size: 4},
+	}
+	if a.ID == arch.X86_64.ID {
+		prog = append(prog,
+			bpf.JumpIf{Cond: bpf.JumpLessThan, Val: uint32(arch.X32.SeccompMask), SkipTrue: 1},
+			bpf.RetConstant{Val: uint32(libseccomp.ActionErrno) | uint32(unix.ENOSYS)},
+		)
+	}
+	conditional := map[string]bool{}
+	for _, r := range rules {
+		if !slices.Contains(names, r.name) {
+			return nil, fmt.Errorf("seccomp: argument rule for %s, which is not in the list", r.name)
+		}
+		if conditional[r.name] {
+			return nil, fmt.Errorf("seccomp: two argument rules for %s", r.name)
+		}
+		conditional[r.name] = true
+		n, err := nr(r.name)
+		if err != nil {
+			return nil, err
+		}
+		if len(r.values) == 0 || len(r.values) > 200 || r.arg < 0 || r.arg > 5 || (!r.equal && len(r.values) != 1) {
+			return nil, fmt.Errorf("seccomp: argument rule for %s out of range", r.name)
+		}
+		for _, v := range r.values {
+			if v>>32 != 0 {
+				return nil, fmt.Errorf("seccomp: argument rule for %s: value %#x beyond 32 bits", r.name, v)
+			}
+		}
+		lo := bpf.LoadAbsolute{Off: uint32(dataArgs + 8*r.arg), Size: 4}
+		var block []bpf.Instruction
+		if r.equal {
+			// The whole argument must equal a value: its high half 0.
+			k := len(r.values)
+			block = append(block,
+				bpf.LoadAbsolute{Off: uint32(dataArgs + 8*r.arg + 4), Size: 4},
+				bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0, SkipFalse: uint8(k + 1)},
+				lo)
+			for i, v := range r.values {
+				block = append(block, bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(v), SkipTrue: uint8(k - i)})
+			}
+		} else {
+			block = append(block, lo, bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: uint32(r.values[0]), SkipFalse: 1})
+		}
+		block = append(block, deny, allow)
+		prog = append(prog, bpf.JumpIf{Cond: bpf.JumpEqual, Val: n, SkipFalse: uint8(len(block))})
+		prog = append(prog, block...)
+	}
+	var plain []uint32
+	for _, name := range names {
+		if conditional[name] {
+			continue
+		}
+		n, err := nr(name)
+		if err != nil {
+			return nil, err
+		}
+		plain = append(plain, n)
+	}
+	if len(plain) > 250 {
+		return nil, fmt.Errorf("seccomp: %d unconditional syscalls: more than one jump reaches", len(plain))
+	}
+	for i, n := range plain {
+		prog = append(prog, bpf.JumpIf{Cond: bpf.JumpEqual, Val: n, SkipTrue: uint8(len(plain) - i)})
+	}
+	return append(prog, deny, allow), nil
 }
 
 // InstallProcess puts the Process filter on every thread of the process,
@@ -153,7 +367,7 @@ func assemble(p libseccomp.Policy) ([]bpf.RawInstruction, error) {
 // later execve from gaining privileges the filter was meant to bound.
 // Call it once, before any thread has a filter of its own (TSYNC fails
 // when a thread's filters are not an ancestor of the caller's).
-func InstallProcess(m Mode) error { return install(lists[Process], m, true) }
+func InstallProcess(m Mode) error { return install(Process, m, true) }
 
 // InstallThread stacks kind k's filter on the calling OS thread only. The
 // caller must have called runtime.LockOSThread and must never unlock: a
@@ -161,29 +375,36 @@ func InstallProcess(m Mode) error { return install(lists[Process], m, true) }
 // under k's list. The Go runtime never clones a thread from a locked one
 // (it asks its template thread to), so the stricter list does not spread
 // to new threads either; see the package documentation.
-func InstallThread(k Kind, m Mode) error {
-	names, ok := lists[k]
-	if !ok {
-		return fmt.Errorf("seccomp: unknown thread kind %q", k)
-	}
-	return install(names, m, false)
-}
+func InstallThread(k Kind, m Mode) error { return install(k, m, false) }
 
 // tsyncFlags makes the kernel report a thread it could not synchronise as
 // ESRCH: without TSYNC_ESRCH it returns that thread's id as a positive
 // result, which the library (checking errno only) would take for success.
 const tsyncFlags = unix.SECCOMP_FILTER_FLAG_TSYNC | unix.SECCOMP_FILTER_FLAG_TSYNC_ESRCH
 
-func install(names []string, m Mode, allThreads bool) error {
-	f := libseccomp.Filter{NoNewPrivs: allThreads, Policy: policy(names, m)}
-	if allThreads {
-		f.Flag = tsyncFlags
+func install(k Kind, m Mode, allThreads bool) error {
+	raw, err := program(k, m, os.Getpid())
+	if err != nil {
+		return err
 	}
-	if err := libseccomp.LoadFilter(f); err != nil {
+	prog := make([]unix.SockFilter, len(raw))
+	for i, r := range raw {
+		prog[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
+	}
+	var flags uint
+	if allThreads {
+		// no_new_privs is per thread: on this one now, on the others by
+		// TSYNC, which requires it (or CAP_SYS_ADMIN) on the caller.
+		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("seccomp: set no_new_privs: %w", err)
+		}
+		flags = tsyncFlags
+	}
+	if err := uapi.SeccompSetFilter(prog, flags); err != nil {
 		if allThreads && errors.Is(err, unix.ESRCH) {
 			return fmt.Errorf("seccomp: process filter: a thread already has a filter of its own (TSYNC): %w", err)
 		}
-		return fmt.Errorf("seccomp: %w", err)
+		return fmt.Errorf("seccomp: load the %s filter: %w", k, err)
 	}
 	return nil
 }

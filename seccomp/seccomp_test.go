@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,6 +19,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/hpcvmm/hpcvmm/uapi"
 )
 
 // childEnv names the case a re-executed test binary runs instead of the
@@ -181,6 +185,190 @@ var childCases = map[string]func() error{
 	},
 }
 
+// The argument rules (issue 23, defect 2): each forbidden form kills, on
+// an ordinary thread under the process filter and on a locked thread under
+// both filters, and the allowed forms of the same syscalls keep working.
+func init() {
+	for _, c := range argCases {
+		c := c
+		childCases["args-"+c.name+"-process"] = func() error {
+			if err := prepareArgCase(); err != nil {
+				return err
+			}
+			if err := InstallProcess(Kill); err != nil {
+				return err
+			}
+			return c.run(false)
+		}
+		childCases["args-"+c.name+"-vcpu"] = func() error {
+			if err := prepareArgCase(); err != nil {
+				return err
+			}
+			if err := InstallProcess(Kill); err != nil {
+				return err
+			}
+			return onLockedThread(func() error {
+				if err := InstallThread(VCPU, Kill); err != nil {
+					return err
+				}
+				return c.run(true)
+			})
+		}
+	}
+	// Log mode: an argument-filtered call runs and is logged, like a
+	// syscall outside the list (how --seccomp=log finds what a new setup
+	// needs).
+	childCases["args-log-mode"] = func() error {
+		if err := InstallProcess(Log); err != nil {
+			return err
+		}
+		fd, err := unix.Open(os.Getenv(argFileEnv), unix.O_WRONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return fmt.Errorf("write-open in log mode: %w", err)
+		}
+		return unix.Close(fd)
+	}
+}
+
+// argFileEnv and argPIDEnv pass the argument cases a file the parent will
+// look for (it must not appear) and a process of the parent's that is not
+// the child's (it must survive).
+const (
+	argFileEnv = "HPCVMM_SECCOMP_TEST_FILE"
+	argPIDEnv  = "HPCVMM_SECCOMP_TEST_OTHER_PID"
+)
+
+// prepareArgCase does what hpcvmm's setup does before the filters: it
+// starts the runtime's poller with a read-only open.
+func prepareArgCase() error {
+	_, err := os.ReadFile("/proc/self/stat")
+	return err
+}
+
+func otherPID() (int, error) {
+	return strconv.Atoi(os.Getenv(argPIDEnv))
+}
+
+// argCases are the argument rules' cases; forbidden ones must not return.
+var argCases = []struct {
+	name      string
+	forbidden bool
+	syscall   string // the syscall the audit line names, for forbidden cases
+	run       func(vcpu bool) error
+}{
+	{"write-open", true, "openat", func(vcpu bool) error {
+		fd, err := unix.Open(os.Getenv(argFileEnv), unix.O_WRONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+		if err == nil {
+			unix.Close(fd)
+		}
+		return fmt.Errorf("openat(O_WRONLY|O_CREAT) returned (%v)", err)
+	}},
+	{"rdwr-open", true, "openat", func(vcpu bool) error {
+		fd, err := unix.Open("/proc/self/comm", unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err == nil {
+			unix.Close(fd)
+		}
+		return fmt.Errorf("openat(O_RDWR) returned (%v)", err)
+	}},
+	{"rwx-mmap", true, "mmap", func(vcpu bool) error {
+		b, err := unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE|unix.PROT_EXEC, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		if err == nil {
+			unix.Munmap(b)
+		}
+		return fmt.Errorf("RWX mmap returned (%v)", err)
+	}},
+	{"mprotect-exec", true, "mprotect", func(vcpu bool) error {
+		b, err := unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		if err != nil {
+			return fmt.Errorf("RW mmap: %w", err)
+		}
+		err = unix.Mprotect(b, unix.PROT_READ|unix.PROT_EXEC)
+		return fmt.Errorf("mprotect(PROT_EXEC) returned (%v)", err)
+	}},
+	{"kill-other", true, "kill", func(vcpu bool) error {
+		pid, err := otherPID()
+		if err != nil {
+			return err
+		}
+		err = unix.Kill(pid, unix.SIGKILL)
+		return fmt.Errorf("kill of pid %d returned (%v)", pid, err)
+	}},
+	{"tgkill-other", true, "tgkill", func(vcpu bool) error {
+		pid, err := otherPID()
+		if err != nil {
+			return err
+		}
+		err = unix.Tgkill(pid, pid, unix.SIGKILL)
+		return fmt.Errorf("tgkill of pid %d returned (%v)", pid, err)
+	}},
+	{"ioctl-tiocsti", true, "ioctl", func(vcpu bool) error {
+		// Typing into the controlling terminal: on a terminal it injects
+		// input into the shell that started hpcvmm. The argument is a
+		// null pointer, so it could do nothing even if it ran.
+		_, _, e := unix.Syscall(unix.SYS_IOCTL, 0, unix.TIOCSTI, 0)
+		return fmt.Errorf("ioctl(TIOCSTI) returned (%v)", e)
+	}},
+	{"prctl-other", true, "prctl", func(vcpu bool) error {
+		err := unix.Prctl(unix.PR_SET_DUMPABLE, 1, 0, 0, 0)
+		return fmt.Errorf("prctl(PR_SET_DUMPABLE) returned (%v)", err)
+	}},
+	{"allowed-forms", false, "", func(vcpu bool) error {
+		// Read-only opens, of /proc and of a regular file.
+		if _, err := os.ReadFile("/proc/self/status"); err != nil {
+			return err
+		}
+		if _, err := os.ReadFile(os.Args[0]); err != nil {
+			return fmt.Errorf("read-only open of %s: %w", os.Args[0], err)
+		}
+		// Signals to this process and to one of its threads (signal 0
+		// only checks).
+		if !vcpu { // kill is not on a vCPU thread's list at all
+			if err := unix.Kill(unix.Getpid(), 0); err != nil {
+				return fmt.Errorf("kill(getpid(), 0): %w", err)
+			}
+		}
+		if err := unix.Tgkill(unix.Getpid(), unix.Gettid(), 0); err != nil {
+			return fmt.Errorf("tgkill(getpid(), gettid(), 0): %w", err)
+		}
+		// Data mappings and taking write access away.
+		b, err := unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		if err != nil {
+			return fmt.Errorf("RW mmap: %w", err)
+		}
+		if !vcpu { // not on a vCPU thread's list at all
+			if err := unix.Mprotect(b, unix.PROT_READ); err != nil {
+				return fmt.Errorf("mprotect(PROT_READ): %w", err)
+			}
+		}
+		if err := unix.Munmap(b); err != nil {
+			return err
+		}
+		// A thread's name (before its vCPU filter, as vmm does).
+		if !vcpu {
+			if err := uapi.SetThreadName("argtest"); err != nil {
+				return fmt.Errorf("prctl(PR_SET_NAME): %w", err)
+			}
+		}
+		// Listed ioctl requests: they reach the kernel (and fail there on
+		// /dev/null, which is neither a terminal nor KVM).
+		null, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(null)
+		if _, err := unix.IoctlGetTermios(null, unix.TCGETS); !errors.Is(err, unix.ENOTTY) {
+			return fmt.Errorf("ioctl(TCGETS) on /dev/null: %v, want ENOTTY", err)
+		}
+		for _, n := range []string{"KVM_RUN", "KVM_IRQFD", "VFIO_DEVICE_SET_IRQS", "VHOST_SET_VRING_CALL", "TUNSETQUEUE", "TIOCGWINSZ"} {
+			req, _ := uapi.IoctlRequest(n)
+			if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(null), req, 0); e == 0 {
+				return fmt.Errorf("ioctl(%s) on /dev/null succeeded", n)
+			}
+		}
+		return nil
+	}},
+}
+
 // onLockedThread runs f on a goroutine locked to its thread for good, as a
 // vCPU's: the thread exits with the goroutine.
 func onLockedThread(f func() error) error {
@@ -235,8 +423,14 @@ func deviceWork() error {
 // runChild re-executes the test binary for one child case.
 func runChild(t *testing.T, name string) (out string, state *os.ProcessState) {
 	t.Helper()
+	return runChildEnv(t, name)
+}
+
+// runChildEnv is runChild with more environment variables.
+func runChildEnv(t *testing.T, name string, env ...string) (out string, state *os.ProcessState) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+name)
+	cmd.Env = append(append(os.Environ(), childEnv+"="+name), env...)
 	var buf bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	_ = cmd.Run()
@@ -368,4 +562,63 @@ func TestParseAuditLine(t *testing.T) {
 	assert.False(t, ok)
 	assert.Equal(t, "ioctl", Name(16))
 	assert.Equal(t, "syscall 100000", Name(100000))
+}
+
+// TestArgumentRules (issue 23, defect 2): a thread under the filters can
+// neither open a file for writing, map or make memory executable, signal
+// another process, make an ioctl request hpcvmm never makes, nor use prctl
+// beyond naming itself; each attempt kills the process with SIGSYS before
+// the syscall runs (the file is not created, the other process lives). The
+// allowed forms of the same syscalls still work.
+func TestArgumentRules(t *testing.T) {
+	requireSupported(t)
+	other := exec.Command("sleep", "60")
+	require.NoError(t, other.Start())
+	t.Cleanup(func() { _ = other.Process.Kill(); _ = other.Wait() })
+	for _, c := range argCases {
+		for _, where := range []string{"process", "vcpu"} {
+			name := "args-" + c.name + "-" + where
+			t.Run(c.name+"/"+where, func(t *testing.T) {
+				file := filepath.Join(t.TempDir(), "written-by-a-filtered-thread")
+				out, st := runChildEnv(t, name, argFileEnv+"="+file, argPIDEnv+"="+strconv.Itoa(other.Process.Pid))
+				ws, ok := st.Sys().(syscall.WaitStatus)
+				require.True(t, ok)
+				if !c.forbidden {
+					require.True(t, ws.Exited(), "child was killed (%v):\n%s", st, out)
+					require.Equal(t, 0, ws.ExitStatus(), "child:\n%s", out)
+					return
+				}
+				require.True(t, ws.Signaled(), "child was not killed (%v):\n%s", st, out)
+				require.Equal(t, syscall.SIGSYS, ws.Signal(), "child's signal:\n%s", out)
+				assert.NoFileExists(t, file, "the write-open ran")
+				assert.NoError(t, other.Process.Signal(syscall.Signal(0)), "the other process was killed")
+				vs, err := waitViolations(st.Pid())
+				if err != nil || len(vs) == 0 {
+					t.Logf("no audit line read (%v): the syscall's name is not checked", err)
+					return
+				}
+				assert.Equal(t, c.syscall, vs[0].Name, "syscall named by the audit line %v", vs[0])
+			})
+		}
+	}
+}
+
+// TestArgumentRulesLogMode: in Log mode a call refused by an argument rule
+// runs (the file is created) and the kernel logs it like any syscall
+// outside the list, so --seccomp=log finds what a new setup needs.
+func TestArgumentRulesLogMode(t *testing.T) {
+	requireSupported(t)
+	file := filepath.Join(t.TempDir(), "written-in-log-mode")
+	out, st := runChildEnv(t, "args-log-mode", argFileEnv+"="+file)
+	require.True(t, st.Exited(), "child was killed (%v):\n%s", st, out)
+	require.Equal(t, 0, st.ExitCode(), "child:\n%s", out)
+	assert.FileExists(t, file)
+	vs, err := waitViolations(st.Pid())
+	if err != nil || len(vs) == 0 {
+		t.Logf("no audit line read (%v): the log is not checked", err)
+		return
+	}
+	assert.Equal(t, "openat", vs[0].Name, "%v", vs[0])
+	assert.False(t, vs[0].Killed, "%v", vs[0])
+	t.Log(vs[0])
 }

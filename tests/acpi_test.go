@@ -118,8 +118,13 @@ func TestACPIx2APIC(t *testing.T) {
 		n0, err := strconv.Atoi(g["msi_cpu0"])
 		require.NoError(t, err, "msi_cpu0=%q", g["msi_cpu0"])
 		// One interrupt may be in flight to CPU 0 while the affinity moves;
-		// a mistranslated destination would put them all there.
-		assert.GreaterOrEqual(t, n1, 100, "MSIs counted on the vCPU with APIC ID 256 (CPU 0 counted %d)", n0)
+		// a mistranslated destination would put them all there. How many
+		// there are depends on timing: the console coalesces transmit
+		// interrupts (the 1 ms deferral), so the 200 lines the guest writes
+		// gave 76-104 interrupts on a loaded machine (94, 76, 87, 80 on
+		// one branch; 104, 96, 80 on main, the same day). Twenty is far
+		// above what a stray interrupt or two could make.
+		assert.GreaterOrEqual(t, n1, 20, "MSIs counted on the vCPU with APIC ID 256 (CPU 0 counted %d)", n0)
 		assert.LessOrEqual(t, n0, 2, "MSIs aimed at APIC ID 256 that landed on APIC ID 0")
 		log := vm.Log()
 		assert.Contains(t, log, "x2APIC: KVM takes 32-bit APIC IDs")

@@ -151,7 +151,7 @@ func TestCheckPassthrough(t *testing.T) {
 			r, ok := findResult(rep, "hugepages", "")
 			require.True(t, ok, "no hugepages check")
 			assert.Equal(t, preflight.Fail, r.Status)
-			assert.Contains(t, r.Detail, itoa(int(free))+" free 1G hugepages")
+			assert.Contains(t, r.Detail, itoa(int(free))+" of the pool's ")
 			assert.Contains(t, r.Detail, "VM needs "+itoa(int(need)))
 			assert.Contains(t, r.Fix, "hugepages-1048576kB/nr_hugepages")
 			assert.Contains(t, r.Fix, "echo ")

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hpcvmm/hpcvmm/guestmem"
+	"github.com/hpcvmm/hpcvmm/internal/testenv"
 	"github.com/hpcvmm/hpcvmm/tests/harness"
 	"github.com/hpcvmm/hpcvmm/vmm"
 	"github.com/hpcvmm/hpcvmm/vmm/vmmtest"
@@ -100,14 +101,14 @@ func TestSoakPassthrough(t *testing.T) {
 			}
 			res, err = vmmtest.Soak(cfg, vmmtest.SoakOptions{
 				Cycles: cycles, Warmup: 2, Check: check, Every: max(cycles/5, 1),
-				Watch: vmmtest.Watch{BDFs: []string{harness.EduBDF}, JournalDir: journalDir},
+				Watch: testenv.Watch{BDFs: []string{harness.EduBDF}, JournalDir: journalDir},
 			})
 		}()
 		<-done
 		require.NoError(t, err)
 		t.Logf("%d cycles in %v; before: %s", res.Cycles, res.Elapsed.Round(time.Millisecond), res.Before)
 		t.Logf("after: %s; peaks fds=%d maps=%d heap=%d", res.After, res.MaxFDs, res.MaxMaps, res.MaxHeap)
-		assert.Empty(t, vmmtest.Leaks(res.Before, res.After, vmmtest.Bounds{Heap: 1 << 20, Maps: 32}), "after %d cycles", cycles)
+		assert.Empty(t, testenv.Leaks(res.Before, res.After, testenv.Bounds{Heap: 1 << 20, Maps: 32}), "after %d cycles", cycles)
 		assert.Zero(t, res.After.VFIOFDs, "fds on /dev/vfio after the last VM")
 		assert.Equal(t, "", res.After.Drivers[harness.EduBDF], "edu's driver after the soak")
 		env.Record(t, "soak_cycles", strconv.Itoa(res.Cycles))
@@ -144,8 +145,8 @@ func TestBootsWithSignals(t *testing.T) {
 		// 2.5 min of L1 time, which the default limit per VM only just
 		// covers.
 		t.Setenv("HPCVMM_VM_TIMEOUT", "8m")
-		w := vmmtest.Watch{BDFs: []string{harness.EduBDF}, JournalDir: journalDir}
-		before, err := vmmtest.Snapshot(w)
+		w := testenv.Watch{BDFs: []string{harness.EduBDF}, JournalDir: journalDir}
+		before, err := testenv.Snapshot(w)
 		require.NoError(t, err)
 		boots := defaultSignalBoots
 		if s := os.Getenv(signalBootsEnv); s != "" {
@@ -183,7 +184,7 @@ func TestBootsWithSignals(t *testing.T) {
 				// goroutine's thread; hpcvmm inherits it): its TAP
 				// appears there and nowhere else.
 				inPrivateNetns(t)
-				links, err := vmmtest.Snapshot(vmmtest.Watch{})
+				links, err := testenv.Snapshot(testenv.Watch{})
 				require.NoError(t, err)
 				start := time.Now()
 				vm := env.StartVM(t, "run",
@@ -232,7 +233,7 @@ func TestBootsWithSignals(t *testing.T) {
 					require.NoError(t, err, "hpcvmm unbind after SIGKILL:\n%s", out)
 					restored = "hpcvmm unbind: " + strings.Join(strings.Fields(string(out)), " ")
 				}
-				after, err := vmmtest.Snapshot(w)
+				after, err := testenv.Snapshot(w)
 				require.NoError(t, err)
 				assert.Equal(t, before.Drivers, after.Drivers, "edu's driver")
 				assert.Equal(t, before.Journals, after.Journals, "journals in %s", journalDir)

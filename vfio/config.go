@@ -71,10 +71,36 @@ func (p *PCIDevice) setupConfig(phys []byte, parsed host.Config) error {
 	v := &p.vc
 	v.size = len(phys)
 	copy(v.val[:], phys)
+	v.setupHeader()
+	p.emulateBARs()
+	p.setupInterruptPin(phys)
+	for _, pr := range parsed.Problems {
+		p.warn(fmt.Sprintf("%s: config space: %s", p.cfg.Name, pr))
+	}
+	// Capabilities: the chain is rebuilt (pointers emulated) so MSI/MSI-X
+	// can be emulated and the clique capability appended.
+	chain, used, err := p.setupCapabilities(phys, parsed)
+	if err != nil {
+		return err
+	}
+	if p.cfg.HasClique {
+		at, err := p.addCliqueCap(used)
+		if err != nil {
+			return err
+		}
+		chain = append(chain, at)
+	}
+	v.linkCapChain(chain)
+	v.hideExtCaps(phys, parsed)
+	return nil
+}
 
-	// Identity, header type (single function: the guest sees function 0
-	// of its own slot), subsystem, min_gnt/max_lat: read-only, served
-	// from the snapshot.
+// setupHeader emulates the header's fixed fields. Identity, header type
+// (single function: the guest sees function 0 of its own slot), subsystem,
+// min_gnt/max_lat: read-only, served from the snapshot. Command: the
+// decode enables are mirrored so the root complex sees exactly what the
+// guest wrote; the write also reaches the device.
+func (v *vconfig) setupHeader() {
 	v.emulate(pci.RegVendorID, 4)
 	v.emulate(pci.RegRevision, 4)
 	v.emulate(pci.RegHeaderType, 1)
@@ -82,15 +108,17 @@ func (p *PCIDevice) setupConfig(phys []byte, parsed host.Config) error {
 	v.emulate(pci.RegSubsysVendor, 4)
 	v.emulate(0x3e, 2)
 
-	// Command: the decode enables are mirrored so the root complex sees
-	// exactly what the guest wrote; the write also reaches the device.
 	v.emu[pci.RegCommand] = pci.CommandIO | pci.CommandMemory
 	v.wmask[pci.RegCommand] = pci.CommandIO | pci.CommandMemory
 	v.val[pci.RegCommand] &^= pci.CommandIO | pci.CommandMemory
 	v.emu[pci.RegStatus] = pci.StatusCapList
+}
 
-	// BARs, CardBus CIS, ROM (disabled: reads 0 and ignores sizing),
-	// capability pointer and reserved bytes: emulated.
+// emulateBARs emulates the BARs, CardBus CIS, ROM (disabled: reads 0 and
+// ignores sizing), capability pointer and reserved bytes, with each BAR's
+// type bits and its size as the writable mask.
+func (p *PCIDevice) emulateBARs() {
+	v := &p.vc
 	v.emulate(pci.RegBAR0, 4*pci.NumBARs+4)
 	v.emulate(pci.RegROM, 0x3c-pci.RegROM)
 	for i := pci.RegBAR0; i < pci.RegInterruptLine; i++ {
@@ -117,8 +145,12 @@ func (p *PCIDevice) setupConfig(phys []byte, parsed host.Config) error {
 			binary.LittleEndian.PutUint32(v.wmask[off+4:], uint32(mask>>32))
 		}
 	}
+}
 
-	// Interrupt line (guest scratch) and pin (only when INTx is wired).
+// setupInterruptPin emulates the interrupt line (guest scratch) and pin
+// (only when INTx is wired and VFIO offers it).
+func (p *PCIDevice) setupInterruptPin(phys []byte) {
+	v := &p.vc
 	v.emulate(pci.RegInterruptLine, 2)
 	v.wmask[pci.RegInterruptLine] = 0xff
 	v.val[pci.RegInterruptLine] = 0xff
@@ -130,16 +162,16 @@ func (p *PCIDevice) setupConfig(phys []byte, parsed host.Config) error {
 			v.val[pci.RegInterruptLine] = uint8(p.cfg.INTxGSI)
 		}
 	}
+}
 
-	for _, pr := range parsed.Problems {
-		p.warn(fmt.Sprintf("%s: config space: %s", p.cfg.Name, pr))
-	}
+// capRange is the bytes [lo, hi) a capability takes in config space.
+type capRange struct{ lo, hi int }
 
-	// Capabilities: the chain is rebuilt (pointers emulated) so MSI/MSI-X
-	// can be emulated and the clique capability appended.
-	type capRange struct{ lo, hi int }
-	var used []capRange
-	var chain []int
+// setupCapabilities walks the device's capabilities, one step each: MSI-X
+// and MSI get their emulation (or are hidden where VFIO cannot deliver
+// them), the others pass through. It returns the offsets to chain, in
+// order, and the ranges every capability takes (hidden ones included).
+func (p *PCIDevice) setupCapabilities(phys []byte, parsed host.Config) (chain []int, used []capRange, err error) {
 	for _, c := range parsed.Caps {
 		off := int(c.Offset)
 		if off+2 > len(phys) {
@@ -157,7 +189,7 @@ func (p *PCIDevice) setupConfig(phys []byte, parsed host.Config) error {
 		case host.CapMSIX:
 			m, err := p.newMSIX(phys, off)
 			if err != nil {
-				return err
+				return nil, nil, err
 			}
 			if m == nil {
 				continue // VFIO cannot deliver MSI-X: hide the capability
@@ -166,7 +198,7 @@ func (p *PCIDevice) setupConfig(phys []byte, parsed host.Config) error {
 		case host.CapMSI:
 			m, err := p.newMSI(phys, off)
 			if err != nil {
-				return err
+				return nil, nil, err
 			}
 			if m == nil {
 				continue
@@ -175,30 +207,41 @@ func (p *PCIDevice) setupConfig(phys []byte, parsed host.Config) error {
 		}
 		chain = append(chain, off)
 	}
-	if p.cfg.HasClique {
-		if p.cfg.Clique > 15 {
-			return fmt.Errorf("vfio: %s: clique %d outside 0-15", p.cfg.Name, p.cfg.Clique)
-		}
-		at := 0
-		for _, cand := range []int{cliqueOffset, cliqueOffsetAlt} {
-			free := true
-			for _, u := range used {
-				if cand < u.hi && u.lo < cand+cliqueCapLen {
-					free = false
-				}
-			}
-			if free {
-				at = cand
-				break
-			}
-		}
-		if at == 0 {
-			return fmt.Errorf("vfio: %s: no room for the NVIDIA P2P clique capability at 0xd4 or 0xc8: both overlap the device's own capabilities", p.cfg.Name)
-		}
-		v.emulate(at, cliqueCapLen)
-		copy(v.val[at:], []byte{host.CapVendor, 0, cliqueCapLen, 'P', '2', 'P', p.cfg.Clique << 3, 0})
-		chain = append(chain, at)
+	return chain, used, nil
+}
+
+// addCliqueCap writes the NVIDIA P2P clique vendor capability at the first
+// of its two customary offsets that no device capability overlaps, and
+// returns that offset.
+func (p *PCIDevice) addCliqueCap(used []capRange) (int, error) {
+	v := &p.vc
+	if p.cfg.Clique > 15 {
+		return 0, fmt.Errorf("vfio: %s: clique %d outside 0-15", p.cfg.Name, p.cfg.Clique)
 	}
+	at := 0
+	for _, cand := range []int{cliqueOffset, cliqueOffsetAlt} {
+		free := true
+		for _, u := range used {
+			if cand < u.hi && u.lo < cand+cliqueCapLen {
+				free = false
+			}
+		}
+		if free {
+			at = cand
+			break
+		}
+	}
+	if at == 0 {
+		return 0, fmt.Errorf("vfio: %s: no room for the NVIDIA P2P clique capability at 0xd4 or 0xc8: both overlap the device's own capabilities", p.cfg.Name)
+	}
+	v.emulate(at, cliqueCapLen)
+	copy(v.val[at:], []byte{host.CapVendor, 0, cliqueCapLen, 'P', '2', 'P', p.cfg.Clique << 3, 0})
+	return at, nil
+}
+
+// linkCapChain emulates the capability pointer and every next pointer so
+// the guest walks exactly chain, and the status bit that says there is one.
+func (v *vconfig) linkCapChain(chain []int) {
 	v.emu[pci.RegCapPtr] = 0xff
 	v.val[pci.RegCapPtr] = 0
 	v.val[pci.RegStatus] &^= pci.StatusCapList
@@ -212,10 +255,13 @@ func (p *PCIDevice) setupConfig(phys []byte, parsed host.Config) error {
 	if len(chain) > 0 {
 		v.val[pci.RegStatus] |= pci.StatusCapList
 	}
+}
 
-	// Extended capabilities the guest must not drive: resizable BAR (the
-	// BAR sizes are fixed by the mmaps and memslots) and SR-IOV (a PF's VFs
-	// belong to the host). Their headers read as ID 0 with the chain kept.
+// hideExtCaps hides the extended capabilities the guest must not drive:
+// resizable BAR (the BAR sizes are fixed by the mmaps and memslots) and
+// SR-IOV (a PF's VFs belong to the host). Their headers read as ID 0 with
+// the chain kept.
+func (v *vconfig) hideExtCaps(phys []byte, parsed host.Config) {
 	for _, c := range parsed.ExtCaps {
 		if c.ID != host.ExtCapReBAR && c.ID != host.ExtCapSRIOV {
 			continue
@@ -224,7 +270,6 @@ func (p *PCIDevice) setupConfig(phys []byte, parsed host.Config) error {
 		v.emulate(off, 4)
 		v.set32(off, le32(phys[off:])&extCapIDHideMask)
 	}
-	return nil
 }
 
 func prefetch(p bool) uint32 {

@@ -135,9 +135,11 @@ func firstWords(ss []string) []string {
 // allowBind is set and it is not: the caller binds it), and for --vf it is an
 // SR-IOV VF (the PF is in the returned device's PhysFn).
 func CheckDevice(h *host.Host, sp Spec, allowBind bool) (dev *host.Device, bound bool, err error) {
-	flag := "--gpu"
+	// The messages name the device by kind (the Go API's words); the CLI
+	// puts its own flag in front.
+	flag := "GPU"
 	if sp.VF {
-		flag = "--vf"
+		flag = "VF"
 	}
 	dev, err = h.Device(sp.BDF)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -147,11 +149,11 @@ func CheckDevice(h *host.Host, sp Spec, allowBind bool) (dev *host.Device, bound
 		return nil, false, fmt.Errorf("%s %s: %w", flag, sp.BDF, err)
 	}
 	if sp.VF && dev.PhysFn == nil {
-		return nil, false, fmt.Errorf("--vf %s: %04x:%04x is not an SR-IOV virtual function (no physfn link); pass a VF (create them with echo N > /sys/bus/pci/devices/<PF>/sriov_numvfs) or use --gpu for a whole device",
+		return nil, false, fmt.Errorf("VF %s: %04x:%04x is not an SR-IOV virtual function (no physfn link); pass a VF (create them with echo N > /sys/bus/pci/devices/<PF>/sriov_numvfs) or pass it as a whole device (a GPU)",
 			sp.BDF, dev.Vendor, dev.DeviceID)
 	}
 	if sp.Clique >= 0 && (dev.Vendor != nvidiaVendor || dev.BaseClass() != host.ClassDisplay) {
-		return nil, false, fmt.Errorf("--gpu %s,clique=%d: the P2P clique capability is for NVIDIA GPUs, this is %04x:%04x class %06x", sp.BDF, sp.Clique, dev.Vendor, dev.DeviceID, dev.Class)
+		return nil, false, fmt.Errorf("GPU %s,clique=%d: the P2P clique capability is for NVIDIA GPUs, this is %04x:%04x class %06x", sp.BDF, sp.Clique, dev.Vendor, dev.DeviceID, dev.Class)
 	}
 	if n, err := h.IOMMUGroups(); err != nil {
 		return nil, false, fmt.Errorf("%s %s: %w", flag, sp.BDF, err)
@@ -166,10 +168,10 @@ func CheckDevice(h *host.Host, sp Spec, allowBind bool) (dev *host.Device, bound
 			return nil, false, fmt.Errorf("%s %s: %w", flag, sp.BDF, err)
 		}
 		if dev.Driver != "" && !allowBind {
-			return nil, false, fmt.Errorf("%s %s: in use by the host driver %s; add --bind to rebind it to vfio-pci for this VM (restored afterwards), or run hpcvmm bind %s", flag, sp.BDF, dev.Driver, sp.BDF)
+			return nil, false, fmt.Errorf("%s %s: in use by the host driver %s; let hpcvmm rebind it to vfio-pci for this VM and back afterwards (Passthrough.Bind; hpcvmm run --bind), or run hpcvmm bind %s", flag, sp.BDF, dev.Driver, sp.BDF)
 		}
 		if !allowBind {
-			return nil, false, fmt.Errorf("%s %s: not bound to vfio-pci; add --bind or run hpcvmm bind %s", flag, sp.BDF, sp.BDF)
+			return nil, false, fmt.Errorf("%s %s: not bound to vfio-pci; let hpcvmm bind it (Passthrough.Bind; hpcvmm run --bind), or run hpcvmm bind %s", flag, sp.BDF, sp.BDF)
 		}
 		return dev, false, nil
 	}

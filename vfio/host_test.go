@@ -68,10 +68,10 @@ func TestCheckDevice(t *testing.T) {
 	assert.Equal(t, "0000:83:00.0", d.PhysFn.String(), "the VF's PF is reported")
 
 	_, _, err = CheckDevice(h, spec(t, "83:00.1", true), false)
-	assert.ErrorContains(t, err, "in use by the host driver mlx5_core; add --bind")
+	assert.ErrorContains(t, err, "in use by the host driver mlx5_core; let hpcvmm rebind it")
 
 	_, _, err = CheckDevice(h, spec(t, "83:00.0", true), true)
-	assert.ErrorContains(t, err, "--vf 0000:83:00.0: 15b3:101b is not an SR-IOV virtual function")
+	assert.ErrorContains(t, err, "VF 0000:83:00.0: 15b3:101b is not an SR-IOV virtual function")
 
 	_, _, err = CheckDevice(h, spec(t, "83:00.0,clique=1", false), true)
 	assert.ErrorContains(t, err, "P2P clique capability is for NVIDIA GPUs")

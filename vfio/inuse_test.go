@@ -35,7 +35,7 @@ func TestCheckDeviceRefusesWhatTheHostUses(t *testing.T) {
 	for _, allowBind := range []bool{true, false} {
 		_, _, err := CheckDevice(h, spec(t, "00:03.0", false), allowBind)
 		require.Error(t, err, "bind=%v", allowBind)
-		assert.ErrorContains(t, err, "--gpu 0000:00:03.0: the host uses it: network interface eth0 (up; carries the default route; 1 routes)")
+		assert.ErrorContains(t, err, "GPU 0000:00:03.0: the host uses it: network interface eth0 (up; carries the default route; 1 routes)")
 		assert.NotContains(t, err.Error(), "hpcvmm bind", "bind=%v", allowBind)
 		assert.NotContains(t, err.Error(), "add --bind", "bind=%v", allowBind)
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/virtio/console"
+	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
 
 // NUMANodeAuto asks New to choose the NUMA node: the node of the first
@@ -189,7 +190,7 @@ func fieldErr(field, format string, args ...any) error {
 func (c *Config) Validate() error {
 	var errs []error
 	if c.Kernel == "" {
-		errs = append(errs, fieldErr("Kernel", "no kernel given: pass --kernel with a bzImage such as /boot/vmlinuz-$(uname -r), or a vmlinux"))
+		errs = append(errs, fieldErr("Kernel", "no kernel given: give a bzImage such as /boot/vmlinuz-$(uname -r), or a vmlinux"))
 	} else if err := checkReadableFile(c.Kernel); err != nil {
 		errs = append(errs, fieldErr("Kernel", "%v", err))
 	}
@@ -215,7 +216,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fieldErr("CPUMode", "%q: want dedicated or shared", c.CPUMode))
 	}
 	if c.CPUMode == CPUModeDedicated && len(c.CPUList) > 0 && len(c.CPUList) < c.CPUs {
-		errs = append(errs, fieldErr("CPUMode", "dedicated needs a host CPU of its own per vCPU: the CPU list has %d CPUs for %d vCPUs; list %d CPUs, pass fewer --cpus, or use --cpu-mode shared", len(c.CPUList), c.CPUs, c.CPUs))
+		errs = append(errs, fieldErr("CPUMode", "dedicated needs a host CPU of its own per vCPU: the CPU list has %d CPUs for %d vCPUs; list %d CPUs, ask for fewer vCPUs, or use the shared CPU mode", len(c.CPUList), c.CPUs, c.CPUs))
 	}
 	switch c.Topology {
 	case "", TopologyHost, TopologyFlat:
@@ -228,20 +229,9 @@ func (c *Config) Validate() error {
 	if limit, why := tableVCPULimit(c.NoACPI); c.CPUs > limit {
 		errs = append(errs, fieldErr("CPUs", "%d vCPUs: %s", c.CPUs, why))
 	}
-	page := c.pageSize()
-	switch page {
-	case guestmem.Page4K, guestmem.Page2M, guestmem.Page1G:
-	default:
-		errs = append(errs, fieldErr("HugePages", "page size %d is not one of 1G, 2M or none (4K)", uint64(page)))
-	}
-	switch {
-	case c.Memory == 0:
-		errs = append(errs, fieldErr("Memory", "no guest memory: pass --memory, e.g. 2G"))
-	case c.Memory < minMemory:
-		errs = append(errs, fieldErr("Memory", "%s is too small: a Linux guest needs at least %s", guestmem.FormatSize(c.Memory), guestmem.FormatSize(minMemory)))
-	case page != 0 && c.Memory%uint64(page) != 0:
-		errs = append(errs, fieldErr("Memory", "%s is not a multiple of the %s page size: use a multiple (e.g. %s) or another --hugepages", guestmem.FormatSize(c.Memory), page, guestmem.FormatSize((c.Memory/uint64(page)+1)*uint64(page))))
-	}
+	// Sizes and the page size: the checks `hpcvmm check` makes too (New
+	// repeats them against the host).
+	errs = append(errs, inputFieldErrors(preflight.CheckInput(nil, c.inputRequest()))...)
 	if c.PrefaultWorkers < 0 {
 		errs = append(errs, fieldErr("PrefaultWorkers", "%d workers: want 1 or more, or 0 for one per CPU of the guest's node", c.PrefaultWorkers))
 	}
@@ -301,6 +291,3 @@ func checkReadableFile(path string) error {
 	}
 	return f.Close()
 }
-
-// A Linux x86-64 guest with an initramfs does not get to userspace in less.
-const minMemory = 64 << 20

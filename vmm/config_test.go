@@ -51,16 +51,16 @@ func TestValidateNamesTheField(t *testing.T) {
 		field  string
 		text   string
 	}{
-		{"no kernel", func(c *Config) { c.Kernel = "" }, "Kernel", "--kernel"},
+		{"no kernel", func(c *Config) { c.Kernel = "" }, "Kernel", "no kernel given"},
 		{"missing kernel", func(c *Config) { c.Kernel = "/nonexistent/bzImage" }, "Kernel", "does not exist"},
 		{"kernel is a dir", func(c *Config) { c.Kernel = os.TempDir() }, "Kernel", "directory"},
 		{"missing initrd", func(c *Config) { c.Initrd = "/nonexistent/initrd" }, "Initrd", "does not exist"},
 		{"zero cpus", func(c *Config) { c.CPUs = 0 }, "CPUs", "at least 1"},
 		{"too many cpus", func(c *Config) { c.CPUs = 4096 }, "CPUs", "at most"},
-		{"no memory", func(c *Config) { c.Memory = 0 }, "Memory", "--memory"},
+		{"no memory", func(c *Config) { c.Memory = 0 }, "Memory", "no guest memory"},
 		{"tiny memory", func(c *Config) { c.Memory = 1 << 20 }, "Memory", "too small"},
 		{"not a page multiple", func(c *Config) { c.Memory = 1536 << 20 }, "Memory", "not a multiple of the 1G page size"},
-		{"odd page size", func(c *Config) { c.HugePages = 12345 }, "HugePages", "not one of"},
+		{"odd page size", func(c *Config) { c.HugePages = 12345 }, "HugePages", "is not 1G, 2M or 4K"},
 		{"bad node", func(c *Config) { c.NUMANode = -7 }, "NUMANode", "not a node"},
 		{"duplicate cpu", func(c *Config) { c.CPUList = []int{1, 1} }, "CPUList", "twice"},
 		{"bad console", func(c *Config) { c.Console = "vga" }, "Console", "unknown console"},
@@ -79,6 +79,9 @@ func TestValidateNamesTheField(t *testing.T) {
 			require.Error(t, err)
 			assert.Contains(t, fieldsOf(err), tc.field)
 			assert.Contains(t, err.Error(), tc.text)
+			// The Go API speaks of Config fields; flags are the CLI's
+			// words (cmd/hpcvmm maps each field to its flag).
+			assert.NotContains(t, err.Error(), "--", "an API error names no flag")
 		})
 	}
 }

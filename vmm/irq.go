@@ -37,10 +37,12 @@ type routingVM interface {
 // doorbells by ioeventfd without the VMM on the data path. Changes are rare
 // (the guest programming an MSI-X vector), so a mutex is fine.
 type irqRouter struct {
-	vm      routingVM
-	mu      sync.Mutex
+	vm routingVM
+	mu sync.Mutex
+	// +checklocks:mu
 	nextGSI uint32
-	msi     map[uint32]uapi.IRQRoutingEntry // GSI -> MSI route
+	// +checklocks:mu
+	msi map[uint32]uapi.IRQRoutingEntry // GSI -> MSI route
 	// extDestID is set when KVM takes 32-bit APIC IDs in MSI routes
 	// (CapX2APICAPI) and the guest was offered KVM's extended destination
 	// ID: SetMSIRoute then moves destination bits 14:8 from the guest's
@@ -121,6 +123,7 @@ func (r *irqRouter) SetMSIRoute(gsi uint32, addrLo, addrHi, data uint32) error {
 	return nil
 }
 
+// +checklocks:r.mu
 func (r *irqRouter) pushLocked() error {
 	table := defaultRoutes()
 	for _, e := range r.msi {

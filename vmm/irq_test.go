@@ -1,12 +1,12 @@
 package vmm
 
 import (
-	"os"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hpcvmm/hpcvmm/internal/testenv"
 	"github.com/hpcvmm/hpcvmm/irq"
 	"github.com/hpcvmm/hpcvmm/uapi"
 )
@@ -44,11 +44,13 @@ func TestGSIBudgetCountsDefaultRoutes(t *testing.T) {
 	assert.Less(t, last, uint32(maxRoutes), "GSIs stay below KVM_MAX_IRQ_ROUTES")
 
 	// Fill the table (every route but the last set directly, to push once).
+	r.mu.Lock()
 	for g := uint32(ioapicPins); g < last; g++ {
 		e := uapi.IRQRoutingEntry{GSI: g, Type: uapi.IRQRoutingMSI}
 		e.MSI.AddressLo, e.MSI.Data = 0xfee00000, g
 		r.msi[g] = e
 	}
+	r.mu.Unlock()
 	require.NoError(t, r.SetMSIRoute(last, 0xfee00000, 0, 0x41))
 	require.Len(t, vm.pushes, 1)
 	assert.Len(t, vm.pushes[0], maxRoutes, "defaults plus every MSI route is KVM_MAX_IRQ_ROUTES entries")
@@ -69,10 +71,7 @@ func TestGSIBudgetCountsDefaultRoutes(t *testing.T) {
 func TestFullGSITableFitsKVM(t *testing.T) {
 	sys, err := uapi.OpenKVM()
 	if err != nil {
-		if os.Getenv("HPCVMM_REQUIRE_INTEGRATION") == "1" {
-			t.Fatalf("HPCVMM_REQUIRE_INTEGRATION=1 but KVM is unavailable: %v", err)
-		}
-		t.Skipf("no usable /dev/kvm: %v", err)
+		testenv.SkipOrFail(t, "no usable /dev/kvm: %v", err)
 	}
 	defer sys.Close()
 	kvm, err := sys.CreateVM()
@@ -89,11 +88,13 @@ func TestFullGSITableFitsKVM(t *testing.T) {
 		gsis = append(gsis, g)
 	}
 	last := gsis[len(gsis)-1]
+	r.mu.Lock()
 	for _, g := range gsis[:len(gsis)-1] {
 		e := uapi.IRQRoutingEntry{GSI: g, Type: uapi.IRQRoutingMSI}
 		e.MSI.AddressLo, e.MSI.Data = 0xfee00000, g&0xff
 		r.msi[g] = e
 	}
+	r.mu.Unlock()
 	require.NoError(t, r.SetMSIRoute(last, 0xfee00000, 0, 0x41), "%d MSI routes after the defaults", len(gsis))
 }
 

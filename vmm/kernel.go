@@ -92,6 +92,12 @@ func (vm *VM) openKernel() (_ *kernelImage, err error) {
 	if err != nil {
 		return nil, fieldErr("KernelCache", "%v", err)
 	}
+	// The decompression takes seconds and writes the cache: a host whose
+	// KVM cannot run the guest refuses before it, once the input (the
+	// image, the cache directory) has been checked.
+	if err := checkKVMFirst(cfg); err != nil {
+		return nil, err
+	}
 	go ki.prepare(vm, cache, bz, image, info)
 	return ki, nil
 }

@@ -24,7 +24,9 @@ import (
 func TestOpenKernel(t *testing.T) {
 	bz := synthKernel(t)
 	cacheDir := filepath.Join(t.TempDir(), "kernels")
+	sys, proc := hardwareKVMHost(t)
 	open := func(cfg Config) (*kernelImage, error) {
+		cfg.SysfsRoot, cfg.ProcfsRoot = sys, proc
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 		vm := &VM{cfg: cfg, log: cfg.Logger}
 		return vm.openKernel()
@@ -145,6 +147,7 @@ func TestKernelCacheKeepsTheBzImageItHashed(t *testing.T) {
 
 	cacheDir := filepath.Join(t.TempDir(), "kernels")
 	cfg := Config{Kernel: path, KernelCache: cacheDir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	cfg.SysfsRoot, cfg.ProcfsRoot = hardwareKVMHost(t)
 	vm := &VM{cfg: cfg, log: cfg.Logger}
 	ki, err := vm.openKernel()
 	require.NoError(t, err)

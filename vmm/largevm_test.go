@@ -142,7 +142,9 @@ func TestVMBeyond254VCPUs(t *testing.T) {
 				// bits, 11:5 bits 14:8 (extended destination ID).
 				lo := uint32(0xfee00000) | (maxID&0xff)<<12 | (maxID>>8)<<5
 				require.NoError(t, r.SetMSIRoute(gsi, lo, 0, 0x41))
+				r.mu.Lock()
 				e := r.msi[gsi]
+				r.mu.Unlock()
 				dest := e.MSI.AddressHi&0xffffff00 | (e.MSI.AddressLo>>12)&0xff
 				assert.Equal(t, maxID, dest, "KVM's route reaches APIC ID %d", maxID)
 			})

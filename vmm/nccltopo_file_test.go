@@ -42,7 +42,7 @@ func TestNCCLTopoFileDoesNotFollowSymlinks(t *testing.T) {
 
 	// A directory at the path: an error, nothing left behind.
 	vm.cfg.NCCLTopoFile = dir
-	assert.ErrorContains(t, vm.writeNCCLTopology(nil), "--nccl-topo")
+	assert.ErrorContains(t, vm.writeNCCLTopology(nil), "NCCL topology file")
 	ents, err = os.ReadDir(dir)
 	require.NoError(t, err)
 	assert.Len(t, ents, 2)

@@ -90,6 +90,10 @@ type passthrough struct {
 	bound   []bool
 	ib      []*ibvf.Target // the VF's PF and netdev where specs[i].IB is set
 	journal *hoststate.Journal
+	// writes makes the journal's sysfs writes through files opened
+	// before the seccomp filter (hostwrites.go); sysRoot is its sysfs.
+	writes  sysfsWrites
+	sysRoot string
 	ctr     *iommu.Container
 	kv      *vfio.KVMVFIO
 	pcidevs []*vfio.PCIDevice
@@ -112,7 +116,7 @@ func (vm *VM) checkPassthrough(h *host.Host) (node int, err error) {
 		return -1, nil
 	}
 	if len(specs) > maxPassthrough {
-		return -1, fieldErr("Passthrough", "%d devices: the guest's PCI bus has slots for %d; pass fewer --gpu/--vf", len(specs), maxPassthrough)
+		return -1, fieldErr("Passthrough", "%d devices: the guest's PCI bus has slots for %d; pass fewer devices", len(specs), maxPassthrough)
 	}
 	pt := &passthrough{specs: specs}
 	for _, sp := range specs {
@@ -126,11 +130,11 @@ func (vm *VM) checkPassthrough(h *host.Host) (node int, err error) {
 		var target *ibvf.Target
 		if !sp.IB.Empty() {
 			if err := sp.IB.Resolve(vm.cfg.Passthrough.GUIDSeed, sp.BDF); err != nil {
-				return -1, fieldErr("Passthrough", "--vf %s: %v", sp.BDF, err)
+				return -1, fieldErr("Passthrough", "VF %s: %v", sp.BDF, err)
 			}
 			t, err := ibvf.Locate(h, sp.BDF)
 			if err != nil {
-				return -1, fieldErr("Passthrough", "--vf %s,%s: %v", sp.BDF, sp.IB, err)
+				return -1, fieldErr("Passthrough", "VF %s,%s: %v", sp.BDF, sp.IB, err)
 			}
 			target = &t
 			pt.specs[len(pt.devs)] = sp // with the GUIDs guid=auto resolved to
@@ -158,16 +162,16 @@ func (vm *VM) bindDevices(sysRoot, procRoot string) error {
 			continue
 		}
 		if pt.journal == nil {
-			pt.journal = hoststate.Open(hoststate.Options{StateDir: vm.cfg.Passthrough.StateDir, SysfsRoot: sysRoot, ProcRoot: procRoot})
+			pt.openJournal(vm.cfg.Passthrough.StateDir, sysRoot, procRoot)
 		}
 		if err := pt.journal.Bind(dev.BDF); err != nil {
-			return fmt.Errorf("--bind %s: %w", dev.BDF, err)
+			return fmt.Errorf("binding %s to vfio-pci: %w", dev.BDF, err)
 		}
 		vm.log.Info("rebound to vfio-pci for this VM", "device", dev.BDF.String(), "was", dev.Driver, "journal", pt.journal.Path())
 		// The group node appears once vfio-pci owns the device.
 		refreshed, err := host.New(sysRoot, procRoot).Device(dev.BDF)
 		if err != nil {
-			return fmt.Errorf("--bind %s: %w", dev.BDF, err)
+			return fmt.Errorf("binding %s to vfio-pci: %w", dev.BDF, err)
 		}
 		pt.devs[i] = refreshed
 	}
@@ -189,11 +193,11 @@ func (vm *VM) setVFIdentities(sysRoot, procRoot string) error {
 			continue
 		}
 		if pt.journal == nil {
-			pt.journal = hoststate.Open(hoststate.Options{StateDir: vm.cfg.Passthrough.StateDir, SysfsRoot: sysRoot, ProcRoot: procRoot})
+			pt.openJournal(vm.cfg.Passthrough.StateDir, sysRoot, procRoot)
 		}
 		sp := pt.specs[i]
 		if err := pt.journal.SetVFIdentity(*t, sp.IB); err != nil {
-			return fmt.Errorf("--vf %s: %w", sp.BDF, err)
+			return fmt.Errorf("VF %s: setting its InfiniBand identity: %w", sp.BDF, err)
 		}
 		vm.log.Info("InfiniBand VF identity set for this VM", "vf", sp.BDF.String(), "pf_netdev", t.Netdev, "vf_index", t.Index,
 			"set", sp.IB.String(), "journal", pt.journal.Path())
@@ -478,6 +482,22 @@ func (vm *VM) closePassthrough() error {
 	return errors.Join(errs...)
 }
 
+// openJournal starts this VM's host-state journal, its sysfs writes going
+// through pt.writes.
+func (pt *passthrough) openJournal(stateDir, sysRoot, procRoot string) {
+	pt.sysRoot = sysRoot
+	pt.journal = hoststate.Open(hoststate.Options{StateDir: stateDir, SysfsRoot: sysRoot, ProcRoot: procRoot, WriteFile: pt.writes.write})
+}
+
+// prepareRestore opens, before the seccomp filter goes on, the sysfs
+// attributes restoreHost will write: the filter refuses opens for writing.
+func (vm *VM) prepareRestore() error {
+	if vm.pt == nil || vm.pt.journal == nil {
+		return nil
+	}
+	return vm.pt.writes.prepare(vm.pt.sysRoot, vm.pt.journal.Changes())
+}
+
 // restoreHost gives rebound devices back to their drivers. It runs after
 // the VM and its fds are gone: vfio-pci will not release a device that is
 // still open.
@@ -485,15 +505,18 @@ func (vm *VM) restoreHost() error {
 	if vm.pt == nil || vm.pt.journal == nil {
 		return nil
 	}
+	defer vm.pt.writes.close()
 	return vm.pt.journal.Restore()
 }
 
 // memslots hands out KVM memory slots above the guest RAM slots, for BAR
 // mappings installed and removed as the guest moves BARs.
 type memslots struct {
-	vm   *uapi.VM
-	mu   sync.Mutex
+	vm *uapi.VM
+	mu sync.Mutex
+	// +checklocks:mu
 	next uint32
+	// +checklocks:mu
 	free []uint32
 }
 

@@ -65,7 +65,7 @@ func choosePlacement(cfg *Config, h *host.Host, deviceNode int) (placement, erro
 			spanned[n] = true
 		}
 		if len(spanned) > 1 && !cfg.AllowCrossNUMA {
-			return p, fieldErr("CPUList", "CPUs %s span NUMA nodes %v: pick CPUs of one node, or pass --allow-cross-numa to accept remote memory accesses", host.FormatCPUList(cfg.CPUList), sortedKeys(spanned))
+			return p, fieldErr("CPUList", "CPUs %s span NUMA nodes %v: pick CPUs of one node, or allow cross-NUMA placement to accept remote memory accesses", host.FormatCPUList(cfg.CPUList), sortedKeys(spanned))
 		}
 	}
 	switch {
@@ -112,7 +112,7 @@ func choosePlacement(cfg *Config, h *host.Host, deviceNode int) (placement, erro
 		}
 	}
 	if len(cpus) == 0 {
-		return p, fieldErr("NUMANode", "node %d has no online CPUs to run vCPUs on: pick another --numa-node or give --cpu-list", p.node)
+		return p, fieldErr("NUMANode", "node %d has no online CPUs to run vCPUs on: pick another node or give a CPU list", p.node)
 	}
 	p.vcpuCPUs = make([]int, cfg.CPUs)
 	for i := range p.vcpuCPUs {

@@ -1,11 +1,13 @@
 package vmm
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strconv"
 	"strings"
 
+	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/uapi"
 	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
@@ -63,4 +65,71 @@ func ProbeVFIOGroup(group int) error {
 		return err
 	}
 	return g.Close()
+}
+
+// checkHostFirst is New's first look at the host, right after Validate:
+// the sizes against what this host could ever give (preflight.CheckInput,
+// exactly as `hpcvmm check` runs it), so a guest larger than any node is
+// bad input (exit 2), refused before the kernel step.
+func checkHostFirst(cfg *Config) error {
+	if errs := inputFieldErrors(preflight.CheckInput(cfg.host(), cfg.inputRequest())); len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	return nil
+}
+
+// checkKVMFirst runs preflight's KVM checks (the device, and a backend
+// that can run a stock kernel: not kvm_pvm) ahead of the full preflight:
+// openKernel calls it before it starts a bzImage's decompression and cache
+// write, so such a host refuses in milliseconds and leaves no cache entry.
+func checkKVMFirst(cfg *Config) error {
+	if rep := preflight.CheckKVM(cfg.host(), preflight.Request{}); !rep.OK() {
+		return &PreflightError{Report: rep}
+	}
+	return nil
+}
+
+// host is the host cfg describes: /sys and /proc, or the test trees.
+func (c *Config) host() *host.Host {
+	sysRoot, procRoot := c.SysfsRoot, c.ProcfsRoot
+	if sysRoot == "" {
+		sysRoot = "/sys"
+	}
+	if procRoot == "" {
+		procRoot = "/proc"
+	}
+	return host.New(sysRoot, procRoot)
+}
+
+// inputRequest is the part of cfg that preflight.CheckInput validates.
+func (c *Config) inputRequest() preflight.Request {
+	return preflight.Request{Memory: c.Memory, PageSize: uint64(c.pageSize()), CPUs: c.CPUs, NUMANode: c.NUMANode}
+}
+
+// inputFieldErrors turns preflight.CheckInput's errors into FieldErrors
+// naming the Config field.
+func inputFieldErrors(err error) []error {
+	if err == nil {
+		return nil
+	}
+	var list []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		list = j.Unwrap()
+	} else {
+		list = []error{err}
+	}
+	out := make([]error, 0, len(list))
+	for _, e := range list {
+		var ie *preflight.InputError
+		if !errors.As(e, &ie) {
+			out = append(out, e)
+			continue
+		}
+		field := ie.Field
+		if field == "PageSize" {
+			field = "HugePages"
+		}
+		out = append(out, &FieldError{Field: field, Err: ie.Err})
+	}
+	return out
 }

@@ -56,6 +56,11 @@ func (vm *VM) installProcessFilter() error {
 	if !on {
 		return nil
 	}
+	// What the run writes after this is opened now: the filter refuses
+	// opens for writing.
+	if err := vm.prepareRestore(); err != nil {
+		return fmt.Errorf("vmm: open the sysfs attributes that give the devices back at the end, before the seccomp filter: %w", err)
+	}
 	if err := seccomp.InstallProcess(mode); err != nil {
 		return fmt.Errorf("vmm: %w (--seccomp=off runs without filters)", err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/host/hosttest"
+	"github.com/hpcvmm/hpcvmm/internal/testenv"
 	"github.com/hpcvmm/hpcvmm/uapi"
 	"github.com/hpcvmm/hpcvmm/vmm"
 	"github.com/hpcvmm/hpcvmm/vmm/vmmtest"
@@ -40,7 +41,7 @@ const soakCIcycles = 50
 // +8 lines over 50 and 1,000 cycles; one leaked mapping per cycle would be
 // +50. Every file or anon_inode mapping (guest RAM's memfd, kvm_run,
 // BARs) is compared exactly.
-var soakBounds = vmmtest.Bounds{Heap: 1 << 20, Maps: 32}
+var soakBounds = testenv.Bounds{Heap: 1 << 20, Maps: 32}
 
 // TestSoakCreateRunDestroy creates, runs and destroys a VM through the Go
 // API soakCIcycles times (HPCVMM_SOAK_CYCLES for more): the vmmtest guest
@@ -56,10 +57,7 @@ var soakBounds = vmmtest.Bounds{Heap: 1 << 20, Maps: 32}
 func TestSoakCreateRunDestroy(t *testing.T) {
 	sys, err := uapi.OpenKVM()
 	if err != nil {
-		if os.Getenv("HPCVMM_REQUIRE_INTEGRATION") == "1" {
-			t.Fatalf("HPCVMM_REQUIRE_INTEGRATION=1 but KVM is unavailable: %v", err)
-		}
-		t.Skipf("no usable /dev/kvm: %v", err)
+		testenv.SkipOrFail(t, "no usable /dev/kvm: %v", err)
 	}
 	sys.Close()
 	cycles := soakCIcycles
@@ -129,7 +127,7 @@ func TestSoakCreateRunDestroy(t *testing.T) {
 	t.Logf("before: %s", res.Before)
 	t.Logf("after:  %s", res.After)
 	t.Logf("peaks:  fds=%d maps=%d heap_alloc=%d", res.MaxFDs, res.MaxMaps, res.MaxHeap)
-	assert.Empty(t, vmmtest.Leaks(res.Before, res.After, soakBounds), "after %d create/run/destroy cycles", cycles)
+	assert.Empty(t, testenv.Leaks(res.Before, res.After, soakBounds), "after %d create/run/destroy cycles", cycles)
 	assert.LessOrEqual(t, res.MaxFDs, len(res.Before.FDs), "open fds between cycles never exceed the count before")
 }
 

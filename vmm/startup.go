@@ -26,7 +26,8 @@ type timeline struct {
 	start time.Time
 	log   *slog.Logger
 	mu    sync.Mutex
-	spans []stepSpan // guarded by mu
+	// +checklocks:mu
+	spans []stepSpan
 }
 
 // stepSpan is one finished step.

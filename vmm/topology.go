@@ -211,7 +211,7 @@ func (vm *VM) writeNCCLTopology(supported []uapi.CPUIDEntry) error {
 		return err
 	}
 	if err := writeReplacing(vm.cfg.NCCLTopoFile, b.Bytes(), 0o644); err != nil {
-		return fmt.Errorf("--nccl-topo %s: %w", vm.cfg.NCCLTopoFile, err)
+		return fmt.Errorf("NCCL topology file %s: %w", vm.cfg.NCCLTopoFile, err)
 	}
 	vm.log.Info("NCCL topology written", "file", vm.cfg.NCCLTopoFile)
 	return nil

@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,64 +16,9 @@ import (
 	"github.com/hpcvmm/hpcvmm/boot/boottest"
 	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/host/hosttest"
+	"github.com/hpcvmm/hpcvmm/internal/testenv"
 	"github.com/hpcvmm/hpcvmm/uapi"
 )
-
-// hostResources is what a process holds on the host that a half-built VM
-// could leak.
-type hostResources struct {
-	// FDs lists /proc/self/fd by target (eventfds, KVM VM and vCPU fds,
-	// the guest RAM memfd, TAP queues, /dev/net/tun).
-	FDs []string
-	// Mappings lists /proc/self/maps entries backed by a file or an
-	// anon_inode (guest RAM's memfd, each vCPU's kvm_run). Unnamed
-	// anonymous mappings are left out: the Go heap grows and shrinks
-	// through them on its own schedule.
-	Mappings []string
-	// TAPs lists the TAP-like interfaces of the calling thread's network
-	// namespace.
-	TAPs []string
-	// Goroutines counts goroutines (device workers, prefault workers).
-	Goroutines int
-}
-
-func snapshotResources() (hostResources, error) {
-	var r hostResources
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return r, err
-	}
-	for _, e := range ents {
-		target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
-		if err != nil {
-			continue // the ReadDir's own fd, closed meanwhile
-		}
-		r.FDs = append(r.FDs, target)
-	}
-	maps, err := os.ReadFile("/proc/self/maps")
-	if err != nil {
-		return r, err
-	}
-	for _, line := range strings.Split(string(maps), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 6 && !strings.HasPrefix(f[5], "[") {
-			r.Mappings = append(r.Mappings, strings.Join(f[5:], " "))
-		}
-	}
-	dev, err := os.ReadFile("/proc/thread-self/net/dev")
-	if err != nil {
-		return r, err
-	}
-	for _, line := range strings.Split(string(dev), "\n") {
-		if name, _, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && strings.HasPrefix(name, unwindTAP) {
-			r.TAPs = append(r.TAPs, name)
-		}
-	}
-	slices.Sort(r.FDs)
-	slices.Sort(r.Mappings)
-	r.Goroutines = runtime.NumGoroutine()
-	return r, nil
-}
 
 // unwindTAP names the TAP the unwinding test has New create.
 const unwindTAP = "hpuw"
@@ -113,10 +56,7 @@ var errInjected = errors.New("injected setup failure")
 func TestNewUnwindsEveryPartialSetup(t *testing.T) {
 	sys, err := uapi.OpenKVM()
 	if err != nil {
-		if os.Getenv("HPCVMM_REQUIRE_INTEGRATION") == "1" {
-			t.Fatalf("HPCVMM_REQUIRE_INTEGRATION=1 but KVM is unavailable: %v", err)
-		}
-		t.Skipf("no usable /dev/kvm: %v", err)
+		testenv.SkipOrFail(t, "no usable /dev/kvm: %v", err)
 	}
 	sys.Close()
 	tr := hosttest.New(t)
@@ -177,7 +117,7 @@ func TestNewUnwindsEveryPartialSetup(t *testing.T) {
 		// mid-way with their resources taken.
 		for _, holdOthers := range []bool{false, true} {
 			for _, step := range steps {
-				before, err := snapshotResources()
+				before, err := testenv.Snapshot(testenv.Watch{})
 				if !assert.NoError(t, err) {
 					return
 				}
@@ -206,18 +146,18 @@ func TestNewUnwindsEveryPartialSetup(t *testing.T) {
 				}
 				assert.NotContains(t, err.Error(), errDependencyFailed.Error(), "New reports the failure, not the steps that waited for it")
 				assert.Nil(t, vm)
-				after, err := snapshotResources()
+				after, err := testenv.Snapshot(testenv.Watch{})
 				deadline := time.Now().Add(2 * time.Second)
 				for err == nil && after.Goroutines > before.Goroutines && time.Now().Before(deadline) {
 					time.Sleep(10 * time.Millisecond) // exiting workers
-					after, err = snapshotResources()
+					after, err = testenv.Snapshot(testenv.Watch{})
 				}
 				if !assert.NoError(t, err) {
 					return
 				}
 				assert.Equal(t, before.FDs, after.FDs, "open fds after a failure at %q (others held: %v)", step, holdOthers)
-				assert.Equal(t, before.Mappings, after.Mappings, "mappings after a failure at %q (others held: %v)", step, holdOthers)
-				assert.Equal(t, before.TAPs, after.TAPs, "TAPs after a failure at %q (others held: %v)", step, holdOthers)
+				assert.Equal(t, before.FileMaps, after.FileMaps, "mappings after a failure at %q (others held: %v)", step, holdOthers)
+				assert.Equal(t, before.Links, after.Links, "network interfaces (the TAP) after a failure at %q (others held: %v)", step, holdOthers)
 				assert.Equal(t, before.Goroutines, after.Goroutines, "goroutines after a failure at %q (others held: %v)", step, holdOthers)
 			}
 		}

@@ -4,8 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
+	"strconv"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -62,8 +62,10 @@ func (v *vcpu) loop() error {
 	v.tid.Store(int32(tid))
 	defer v.tid.Store(0)
 	// Name the thread so top, perf and the tests can tell vCPU threads
-	// from the Go runtime's; a failure only costs that convenience.
-	_ = os.WriteFile(fmt.Sprintf("/proc/self/task/%d/comm", tid), []byte(fmt.Sprintf("vcpu%d", v.index)), 0)
+	// from the Go runtime's; a failure only costs that convenience. By
+	// prctl, not by writing /proc/self/task/TID/comm: the process filter
+	// is on already and refuses write-opens.
+	_ = uapi.SetThreadName("vcpu" + strconv.Itoa(v.index))
 	// The vCPU filter goes on here, once the thread is pinned and named
 	// and before the first KVM_RUN; the thread stays locked until it
 	// exits, so no other goroutine ever runs under it.

@@ -37,6 +37,7 @@ import (
 	"github.com/hpcvmm/hpcvmm/cputopo"
 	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/irq"
 	"github.com/hpcvmm/hpcvmm/pci"
 	"github.com/hpcvmm/hpcvmm/platform"
 	"github.com/hpcvmm/hpcvmm/uapi"
@@ -131,6 +132,9 @@ func New(cfg Config) (_ *VM, err error) {
 		start = time.Now()
 	}
 	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := checkHostFirst(&cfg); err != nil {
 		return nil, err
 	}
 	if cfg.Stdout == nil {
@@ -273,9 +277,9 @@ func (vm *VM) addPlatformDevices() error {
 	vm.unhandledPIO = platform.NewUnhandled(vm.log, "port I/O")
 	vm.unhandledMMIO = platform.NewUnhandled(vm.log, "MMIO")
 
-	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	efd, err := irq.NewEventFD()
 	if err != nil {
-		return fmt.Errorf("serial IRQ: eventfd: %w", err)
+		return fmt.Errorf("serial IRQ: %w", err)
 	}
 	vm.serialEvent = efd
 	if err := setupFault("serial eventfd"); err != nil {
@@ -287,10 +291,9 @@ func (vm *VM) addPlatformDevices() error {
 	if err := setupFault("serial irqfd"); err != nil {
 		return err
 	}
-	one := []byte{1, 0, 0, 0, 0, 0, 0, 0}
 	vm.serial = platform.NewSerial(vm.cfg.Stdout, func() {
 		// An irqfd write is an edge on GSI 4: what an ISA UART does.
-		_, _ = unix.Write(efd, one)
+		_ = irq.SignalEventFD(efd)
 	})
 	if err := vm.pio.Register(serialBase, 8, "serial0", vm.serial); err != nil {
 		return err

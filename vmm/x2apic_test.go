@@ -30,7 +30,9 @@ func TestRouterTranslatesOnlyWithExtDestID(t *testing.T) {
 		gsi, err := r.AllocGSI()
 		require.NoError(t, err)
 		require.NoError(t, r.SetMSIRoute(gsi, 0xfee00000|0x01<<5, 0, 0x41))
+		r.mu.Lock()
 		e := r.msi[gsi]
+		r.mu.Unlock()
 		if ext {
 			assert.Equal(t, uint32(0xfee00000), e.MSI.AddressLo)
 			assert.Equal(t, uint32(0x100), e.MSI.AddressHi)

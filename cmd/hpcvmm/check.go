@@ -63,8 +63,6 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		return rc
 	}
 	switch {
-	case req.Memory == 0:
-		return c.usageError(stderr, "--memory 0: want more than 0, e.g. 1G")
 	case req.CPUs < 1:
 		return c.usageError(stderr, "--cpus %d: want 1 or more", req.CPUs)
 	}
@@ -79,6 +77,11 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	}
 
 	h := host.New(*sysRoot, *procRoot)
+	// The validation of sizes hpcvmm run makes (vmm.Config.Validate and
+	// vmm.New call it too): a size that can never fit is bad input.
+	if err := preflight.CheckInput(h, req); err != nil {
+		return c.usageError(stderr, "%s", describeInputError(err))
+	}
 	rep := preflight.Run(h, req)
 	var err error
 	if *asJSON {
@@ -97,6 +100,29 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// requestFlags maps preflight.Request fields to the flags of hpcvmm check
+// that set them.
+var requestFlags = map[string]string{"Memory": "--memory", "PageSize": "--hugepages", "NUMANode": "--numa-node"}
+
+// describeInputError renders preflight.CheckInput's errors one per line,
+// each naming its flag.
+func describeInputError(err error) string {
+	list := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		list = j.Unwrap()
+	}
+	msgs := make([]string, 0, len(list))
+	for _, e := range list {
+		var ie *preflight.InputError
+		if errors.As(e, &ie) && requestFlags[ie.Field] != "" {
+			msgs = append(msgs, requestFlags[ie.Field]+": "+ie.Err.Error())
+			continue
+		}
+		msgs = append(msgs, e.Error())
+	}
+	return strings.Join(msgs, "\nhpcvmm check: ")
 }
 
 // writeGuestTree prints the guest PCI tree hpcvmm run builds for the

@@ -47,7 +47,7 @@ func readyTree(t *testing.T) *hosttest.Tree {
 
 func TestCheckFixture(t *testing.T) {
 	needFixture(t)
-	rc, out, _ := runCLI(check, "--sysfs", checkFixture, "--procfs", "/nonexistent", "--gpu", "0000:00:06.0", "--memory", "16G")
+	rc, out, _ := runCLI(check, "--sysfs", checkFixture, "--procfs", "/nonexistent", "--gpu", "0000:00:06.0", "--memory", "4G")
 	assert.Equal(t, 1, rc, "the capture cannot run the VM")
 	assert.Regexp(t, `FAIL\s+iommu\s+host\s+no IOMMU groups`, out)
 	assert.Contains(t, out, "fix: enable VT-d in the firmware setup, add intel_iommu=on iommu=pt")
@@ -55,7 +55,12 @@ func TestCheckFixture(t *testing.T) {
 	assert.Contains(t, out, "MSI-X at 0xb0: 9 vectors, table BAR0+0xb90000, PBA BAR0+0xba0000")
 	assert.Contains(t, out, "no NUMA information (numa_node -1)")
 	assert.Contains(t, out, "3 64-bit BARs (128.0G)")
-	assert.Contains(t, out, "fix: echo 16 > /sys/devices/system/node/node0/hugepages/hugepages-1048576kB/nr_hugepages")
+	assert.Contains(t, out, "fix: echo 4 > /sys/devices/system/node/node0/hugepages/hugepages-1048576kB/nr_hugepages")
+	// The capture's node has 4.3 GiB: 16G can never fit it, which is bad
+	// input (exit 2), not a hugepage pool to grow.
+	rc, _, errs := runCLI(check, "--sysfs", checkFixture, "--procfs", "/nonexistent", "--gpu", "0000:00:06.0", "--memory", "16G")
+	assert.Equal(t, 2, rc)
+	assert.Equal(t, "hpcvmm check: --memory: 16G is more than this host's RAM (4.3G): no 1G hugepage pool there can ever hold it (see hpcvmm check --help)\n", errs)
 	// The guest tree run builds: the H100, on its host's root bus, behind a
 	// root port of its own that reports the GPU's 32 GT/s x16.
 	assert.Contains(t, out, "guest PCI tree (hpcvmm run --topology host):\n[0000:00] host bridge (--topology host)\n \\-00:0a.0 root port [01] 32.0 GT/s PCIe x16\n   \\-01:00.0 gpu host 0000:00:06.0 [10de:2330] class 030200 32.0 GT/s PCIe x16\n")
@@ -97,10 +102,10 @@ func TestCheckPassesOnReadyHost(t *testing.T) {
 	assert.Contains(t, out, "bound to edu")
 	assert.Contains(t, out, "echo vfio-pci > /sys/bus/pci/devices/0000:00:04.0/driver_override")
 
-	// Explicit node that does not exist.
-	rc, out, _ = runCLI(check, "--sysfs", tr.Sys(), "--procfs", tr.Proc(), "--numa-node", "3")
-	assert.Equal(t, 1, rc)
-	assert.Contains(t, out, "--numa-node 3: node is not online")
+	// Explicit node that does not exist: bad input, as in hpcvmm run.
+	rc, _, errs = runCLI(check, "--sysfs", tr.Sys(), "--procfs", tr.Proc(), "--numa-node", "3")
+	assert.Equal(t, 2, rc)
+	assert.Contains(t, errs, "--numa-node: node 3 is not online; pick one of 0")
 }
 
 func TestCheckUsageErrors(t *testing.T) {
@@ -113,7 +118,8 @@ func TestCheckUsageErrors(t *testing.T) {
 		{[]string{"--numa-node", "x"}, "--numa-node \"x\": want a node number or auto"},
 		{[]string{"--cpus", "0"}, "--cpus 0: want 1 or more"},
 		{[]string{"--cpu-mode", "fast"}, "--cpu-mode \"fast\": want dedicated, shared or auto"},
-		{[]string{"--memory", "0"}, "--memory 0: want more than 0"},
+		{[]string{"--memory", "0"}, "--memory: no guest memory"},
+		{[]string{"--memory", "1536M"}, "--memory: 1536M is not a multiple of the 1G page size: use 2G"},
 		{[]string{"0000:00:04.0"}, "unexpected argument"},
 		{[]string{"--bogus"}, "unknown flag --bogus (see hpcvmm check --help)"},
 	} {
@@ -166,4 +172,40 @@ func TestDevicesSRIOV(t *testing.T) {
 	rc, out, _ = runCLI(devices, "--sysfs", empty.Sys(), "--procfs", empty.Proc())
 	assert.Equal(t, 0, rc)
 	assert.Contains(t, out, "no passthrough-capable devices")
+}
+
+// TestCheckAndRunRefuseTheSameInput: hpcvmm check and hpcvmm run validate
+// through one function (preflight.CheckInput), so the same sizes are bad
+// input (exit 2) in both, with the same words naming the same flag. The
+// host tree's node has 16 GiB (8 free): 32G or 100T can never fit it,
+// whatever the hugepage pool is set to.
+func TestCheckAndRunRefuseTheSameInput(t *testing.T) {
+	tr := readyTree(t)
+	kernel := synthKernel(t)
+	cache := t.TempDir()
+	for _, args := range [][]string{
+		{"--memory", "100T", "--hugepages", "2M"},
+		{"--memory", "32G", "--hugepages", "1G"},
+		{"--memory", "100T", "--hugepages", "none"},
+		{"--memory", "32G", "--hugepages", "2M", "--numa-node", "0"},
+		{"--memory", "1G", "--numa-node", "3"},
+		{"--memory", "1536M", "--hugepages", "1G"},
+		{"--memory", "16M", "--hugepages", "none"},
+	} {
+		host := []string{"--sysfs", tr.Sys(), "--procfs", tr.Proc()}
+		rcCheck, _, errCheck := runCLI(check, append(append([]string{}, host...), args...)...)
+		rcRun, _, errRun := hpcvmm(append(append([]string{"run", "--kernel", kernel, "--kernel-cache", cache}, host...), args...)...)
+		assert.Equal(t, 2, rcCheck, "check %q: %s", args, errCheck)
+		assert.Equal(t, 2, rcRun, "run %q: %s", args, errRun)
+		msgCheck := strings.TrimSuffix(strings.TrimPrefix(errCheck, "hpcvmm check: "), " (see hpcvmm check --help)\n")
+		msgRun := strings.TrimSuffix(strings.TrimPrefix(errRun, "hpcvmm run: "), "\n")
+		assert.Equal(t, msgCheck, msgRun, "%q: check and run say the same", args)
+		assert.True(t, strings.HasPrefix(msgRun, "--"), "%q names the flag: %s", args, msgRun)
+	}
+	// A size that fits the node but not today's pool is host state, with a
+	// fix (exit 1), not an input error.
+	rc, out, _ := runCLI(check, "--sysfs", tr.Sys(), "--procfs", tr.Proc(), "--memory", "4G")
+	assert.Equal(t, 1, rc)
+	assert.Contains(t, out, "2 of the pool's 2 1G hugepages free; the VM needs 4 (4G)")
+	assert.Contains(t, out, "fix: echo 4 > ")
 }

@@ -176,13 +176,16 @@ func defaultCmdline(c vmm.ConsoleKind) string {
 }
 
 // flagNames maps vmm.Config fields to the flags that set them, so library
-// errors read as CLI errors.
+// errors (a vmm.FieldError names the Config field, never a flag) read as
+// CLI errors. TestFlagNamesCoverConfig keeps it complete.
 var flagNames = map[string]string{
 	"Kernel": "--kernel", "KernelDecompress": "--kernel-decompress", "KernelCache": "--kernel-cache",
-	"KernelCacheMax": "--kernel-cache-size", "Initrd": "--initrd", "CPUs": "--cpus", "Memory": "--memory",
-	"HugePages": "--hugepages", "NUMANode": "--numa-node", "CPUList": "--cpu-list", "Console": "--console", "PrefaultWorkers": "--prefault-workers",
-	"Passthrough": "--gpu/--vf", "Seccomp": "--seccomp",
-	"Nets": "--net", "CPUMode": "--cpu-mode", "RunDir": "--run-dir",
+	"KernelCacheMax": "--kernel-cache-size", "Initrd": "--initrd", "Cmdline": "--cmdline", "CPUs": "--cpus", "Memory": "--memory",
+	"HugePages": "--hugepages", "NUMANode": "--numa-node", "CPUList": "--cpu-list", "AllowCrossNUMA": "--allow-cross-numa",
+	"Console": "--console", "PrefaultWorkers": "--prefault-workers",
+	"Passthrough": "--gpu/--vf", "Seccomp": "--seccomp", "Nets": "--net", "NoACPI": "--acpi", "Topology": "--topology",
+	"NCCLTopoFile": "--nccl-topo", "APICIDs": "--apic-ids", "SysfsRoot": "--sysfs", "ProcfsRoot": "--procfs",
+	"CPUMode": "--cpu-mode", "RunDir": "--run-dir",
 }
 
 func describeError(err error) string {

@@ -90,7 +90,7 @@ func consoleArgv(cfg Config, vmm, base string) ([]string, error) {
 
 // runConsole boots the guest with a virtio console, lets it send its blob
 // and reports the throughput, the KVM exits during the transfer and
-// whether every byte arrived.
+// whether every byte arrived. Long on purpose: one transfer, step by step.
 func runConsole(ctx context.Context, cfg Config, vmm string, rep int) Sample {
 	s := newSample(caseConsole, vmm, cfg.Where, rep)
 	ctx, cancel := context.WithTimeout(ctx, cfg.ConsoleLimit)

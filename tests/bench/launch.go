@@ -166,7 +166,8 @@ func runLaunch(ctx context.Context, cfg Config, vmm string, rep int) Sample {
 }
 
 // runBoot boots argv (vmm's command line for case c, with ramBytes of guest
-// RAM) once and measures it as runLaunch describes.
+// RAM) once and measures it as runLaunch describes. Long on purpose: one
+// boot's measurements in the order the boot yields them.
 func runBoot(ctx context.Context, cfg Config, c, vmm string, rep int, argv []string, ramBytes uint64) Sample {
 	s := newSample(c, vmm, cfg.Where, rep)
 	s.Info["argv"] = strings.Join(argv, " ")

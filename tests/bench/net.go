@@ -58,6 +58,7 @@ func netArgv(cfg Config, vmm, vhost string) ([]string, error) {
 
 // runNet boots the guest with a virtio-net device, serves the guest's two
 // transfers and reports their throughput and the KVM exits while they ran.
+// Long on purpose: one boot and its two transfers, step by step.
 func runNet(ctx context.Context, cfg Config, vmm, vhost string, rep int, payload []byte) Sample {
 	s := newSample(netCase(vhost), vmm, cfg.Where, rep)
 	argv, err := netArgv(cfg, vmm, vhost)

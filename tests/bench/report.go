@@ -56,7 +56,8 @@ var launchVMMs = []string{vmmHPCVMM, vmmQEMUMicrovm, vmmQEMUQ35, vmmGoKVM}
 var exitCounters = []string{"exits", "io_exits", "mmio_exits", "halt_exits", "irq_exits", "irq_window_exits",
 	"request_irq_exits", "signal_exits", "hypercalls", "insn_emulation", "irq_injections", "pf_taken"}
 
-// renderMarkdown renders the report's tables.
+// renderMarkdown renders the report's tables. Long on purpose: one table
+// after another, in the order the report shows them.
 func renderMarkdown(rep *Report) string {
 	stats := rep.Stats
 	if stats == nil {

@@ -115,14 +115,33 @@ type Kernel struct {
 	Version string // e.g. 6.1.0-56-amd64
 	Image   string // /boot/vmlinuz-VERSION
 	Modules string // /lib/modules/VERSION
+	Reason  string // why FindKernel chose it, for the test log
+}
+
+// Generic reports whether the kernel is Debian's generic flavour
+// (6.1.0-56-amd64), not a specialised one such as cloud (6.1.0-56-cloud-amd64,
+// which lacks drivers the test bed's devices need) or rt: the flavour is what
+// follows the last all-digit field of the version.
+func (k Kernel) Generic() bool {
+	fields := strings.Split(k.Version, "-")
+	last := -1
+	for i, f := range fields {
+		if f != "" && strings.Trim(f, "0123456789") == "" {
+			last = i
+		}
+	}
+	flavour := strings.Join(fields[last+1:], "-")
+	return flavour == "" || flavour == "amd64"
 }
 
 // FindKernel returns the kernel used for L1 and L2: HPCVMM_TEST_KERNEL if
-// set, else the newest /boot/vmlinuz-* whose modules are installed.
+// set, else the newest /boot/vmlinuz-* of the generic flavour whose modules
+// are installed (the newest of any flavour when no generic one is). The
+// choice and its reason are in Kernel.Reason.
 func FindKernel() (Kernel, error) {
 	if img := os.Getenv("HPCVMM_TEST_KERNEL"); img != "" {
 		ver := strings.TrimPrefix(filepath.Base(img), "vmlinuz-")
-		k := Kernel{Version: ver, Image: img, Modules: filepath.Join("/lib/modules", ver)}
+		k := Kernel{Version: ver, Image: img, Modules: filepath.Join("/lib/modules", ver), Reason: "HPCVMM_TEST_KERNEL"}
 		if _, err := os.Stat(filepath.Join(k.Modules, "modules.dep")); err != nil {
 			return k, fmt.Errorf("HPCVMM_TEST_KERNEL=%s: no modules for version %q: %w", img, ver, err)
 		}
@@ -138,10 +157,35 @@ func FindKernel() (Kernel, error) {
 		}
 	}
 	if len(ks) == 0 {
-		return Kernel{}, errors.New("no kernel: /boot/vmlinuz-* with /lib/modules/VERSION/modules.dep not found; run tests/setup.sh (installs linux-image-amd64)")
+		return Kernel{}, errors.New("no kernel: /boot/vmlinuz-* with /lib/modules/VERSION/modules.dep not found; run tests/testbed-packages.sh (installs linux-image-amd64)")
 	}
-	sort.Slice(ks, func(i, j int) bool { return versionLess(ks[i].Version, ks[j].Version) })
-	return ks[len(ks)-1], nil
+	return pickKernel(ks), nil
+}
+
+// pickKernel chooses among installed kernels: generic flavour first, then
+// the newest version.
+func pickKernel(ks []Kernel) Kernel {
+	ks = slices.Clone(ks)
+	sort.Slice(ks, func(i, j int) bool {
+		if gi, gj := ks[i].Generic(), ks[j].Generic(); gi != gj {
+			return !gi
+		}
+		return versionLess(ks[i].Version, ks[j].Version)
+	})
+	k := ks[len(ks)-1]
+	var others []string
+	for _, o := range ks[:len(ks)-1] {
+		others = append(others, o.Version)
+	}
+	switch {
+	case len(others) == 0:
+		k.Reason = "the only kernel with modules installed"
+	case k.Generic():
+		k.Reason = "the newest of the generic flavour; also installed: " + strings.Join(others, ", ")
+	default:
+		k.Reason = "no generic-flavour kernel installed; newest of: " + strings.Join(others, ", ") + " and this one"
+	}
+	return k
 }
 
 // versionLess compares version strings numerically where both have digits
@@ -191,7 +235,7 @@ func modprobeTool() (string, error) {
 			return p, nil
 		}
 	}
-	return "", errors.New("modprobe not found: run tests/setup.sh (installs kmod)")
+	return "", errors.New("modprobe not found: run tests/testbed-packages.sh (installs kmod)")
 }
 
 // ModuleDeps returns, in load order and without duplicates, the module
@@ -296,7 +340,7 @@ func findBusybox() (string, error) {
 			return p, nil
 		}
 	}
-	return "", errors.New("busybox not found: run tests/setup.sh (installs busybox-static)")
+	return "", errors.New("busybox not found: run tests/testbed-packages.sh (installs busybox-static)")
 }
 
 // addDynamicProgram copies an ELF program and the shared libraries and
@@ -396,7 +440,7 @@ func buildL1Initrd(root, cache string, in l1Inputs, p Profile) (path string, reb
 			}
 		}
 		if err != nil {
-			return "", false, errors.New("nvme-cli not found: run tests/setup.sh (installs nvme-cli)")
+			return "", false, errors.New("nvme-cli not found: run tests/testbed-packages.sh (installs nvme-cli)")
 		}
 	}
 	im := NewImage()
@@ -457,7 +501,7 @@ func buildL1Initrd(root, cache string, in l1Inputs, p Profile) (path string, reb
 func BuildEduMSI(root, cache string, k Kernel) (string, error) {
 	kdir := filepath.Join(k.Modules, "build")
 	if _, err := os.Stat(filepath.Join(kdir, "Makefile")); err != nil {
-		return "", fmt.Errorf("edu_msi.ko: no kernel headers for %s at %s (run tests/setup.sh: installs linux-headers-amd64 for Debian's kernel): %v", k.Version, kdir, err)
+		return "", fmt.Errorf("edu_msi.ko: no kernel headers for %s at %s (run tests/testbed-packages.sh: installs linux-headers-amd64 for Debian's kernel): %v", k.Version, kdir, err)
 	}
 	src := filepath.Join(root, "tests", "guest", "edumsi")
 	dir := filepath.Join(cache, "edumsi-"+k.Version)

@@ -33,6 +33,30 @@ func TestVersionLess(t *testing.T) {
 	assert.False(t, versionLess("6.1", "6.1"))
 }
 
+// TestPickKernelPrefersGeneric: with Debian's cloud kernel installed beside
+// the generic one (the cloud flavour sorts later by name), the generic one
+// is chosen and the reason names the other.
+func TestPickKernelPrefersGeneric(t *testing.T) {
+	generic := Kernel{Version: "6.1.0-56-amd64"}
+	cloud := Kernel{Version: "6.1.0-56-cloud-amd64"}
+	newerCloud := Kernel{Version: "6.1.0-60-cloud-amd64"}
+	assert.True(t, generic.Generic())
+	assert.False(t, cloud.Generic())
+	assert.False(t, Kernel{Version: "6.1.0-56-rt-amd64"}.Generic())
+
+	k := pickKernel([]Kernel{generic, cloud, newerCloud})
+	assert.Equal(t, generic.Version, k.Version)
+	assert.Contains(t, k.Reason, "generic")
+	assert.Contains(t, k.Reason, "6.1.0-60-cloud-amd64")
+
+	k = pickKernel([]Kernel{{Version: "6.1.0-9-amd64"}, {Version: "6.1.0-10-amd64"}, cloud})
+	assert.Equal(t, "6.1.0-10-amd64", k.Version)
+
+	k = pickKernel([]Kernel{cloud, newerCloud})
+	assert.Equal(t, newerCloud.Version, k.Version)
+	assert.Contains(t, k.Reason, "no generic-flavour kernel")
+}
+
 // TestModuleDepsOfInstalledKernel checks the dependency collection against
 // the real Debian kernel when one is installed.
 func TestModuleDepsOfInstalledKernel(t *testing.T) {

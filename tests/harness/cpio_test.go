@@ -89,7 +89,7 @@ func TestImageWritesNewcWithParentsFirst(t *testing.T) {
 }
 
 // TestImageReadableByCPIO cross-checks the archive with GNU cpio when it is
-// installed (tests/setup.sh installs it).
+// installed (tests/testbed-packages.sh installs it).
 func TestImageReadableByCPIO(t *testing.T) {
 	cpio, err := exec.LookPath("cpio")
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/internal/testenv"
 	"github.com/hpcvmm/hpcvmm/uapi"
 )
 
@@ -162,17 +163,13 @@ func KVMUsable() error {
 }
 
 // requireIntegration reports whether CI asked for skips to be failures.
-func requireIntegration() bool { return os.Getenv("HPCVMM_REQUIRE_INTEGRATION") == "1" }
+func requireIntegration() bool { return testenv.RequireIntegration() }
 
 // skipOrFail skips with the reason, or fails when
-// HPCVMM_REQUIRE_INTEGRATION=1.
+// HPCVMM_REQUIRE_INTEGRATION=1 (testenv.SkipOrFail).
 func skipOrFail(t testing.TB, format string, args ...any) {
 	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if requireIntegration() {
-		t.Fatalf("%s (a failure, not a skip, because HPCVMM_REQUIRE_INTEGRATION=1)", msg)
-	}
-	t.Skip(msg)
+	testenv.SkipOrFail(t, format, args...)
 }
 
 // runInside runs the body inside L1 and writes its outcome to the result
@@ -329,7 +326,12 @@ func (e *Env) L2Initrd(t testing.TB) string {
 func hostKernel(t testing.TB) Kernel {
 	t.Helper()
 	a := &hostArtifacts
-	a.kernelOnce.Do(func() { a.kernel, a.kernelErr = FindKernel() })
+	a.kernelOnce.Do(func() {
+		a.kernel, a.kernelErr = FindKernel()
+		if a.kernelErr == nil {
+			t.Logf("guest kernel: %s (%s)", a.kernel.Image, a.kernel.Reason)
+		}
+	})
 	if a.kernelErr != nil {
 		t.Fatalf("%v", a.kernelErr)
 	}
@@ -360,7 +362,7 @@ func rootAndCache() (root, cache string, err error) {
 func qemuPath() (string, error) {
 	p, err := exec.LookPath("qemu-system-x86_64")
 	if err != nil {
-		return "", fmt.Errorf("qemu-system-x86_64 not found (%v); run tests/setup.sh (installs qemu-system-x86)", err)
+		return "", fmt.Errorf("qemu-system-x86_64 not found (%v); run tests/testbed-packages.sh (installs qemu-system-x86)", err)
 	}
 	return p, nil
 }

@@ -125,6 +125,8 @@ func finished(status string) bool {
 // bootL1 builds everything, boots L1 for p with the current -test.run
 // filter and the given -test.skip pattern, and collects the results.
 // Errors are kept in the run, so every test of the profile reports them.
+// Long on purpose: the steps of one L1 boot (artifacts, initramfs, QEMU,
+// the result port, the watchdog) in the order they happen, each timed.
 func bootL1(t *testing.T, p Profile, skip string) *l1Run {
 	t.Helper()
 	r := &l1Run{profile: p.Name}
@@ -141,6 +143,7 @@ func bootL1(t *testing.T, p Profile, skip string) *l1Run {
 		if err != nil {
 			return err
 		}
+		t.Logf("L1 and L2 kernel: %s (%s)", k.Image, k.Reason)
 		step := time.Now()
 		in := l1Inputs{kernel: k}
 		if in.testBinary, err = BuildTestBinary(root, cache); err != nil {

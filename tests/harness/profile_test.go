@@ -104,7 +104,7 @@ func TestProfileSlurmSharesPassthroughDevices(t *testing.T) {
 // name, their libraries and the cluster script.
 func TestAddSlurm(t *testing.T) {
 	if _, err := os.Stat("/usr/sbin/slurmd"); err != nil {
-		t.Skipf("Slurm is not installed here (tests/setup.sh installs it): %v", err)
+		t.Skipf("Slurm is not installed here (tests/testbed-packages.sh installs it): %v", err)
 	}
 	im := NewImage()
 	require.NoError(t, addSlurm(im))

@@ -85,7 +85,7 @@ func addSlurm(im *Image) error {
 	}
 	for _, p := range slurmPrograms {
 		if _, err := os.Stat(p); err != nil {
-			return fmt.Errorf("%s missing: run tests/setup.sh (installs slurmctld, slurmd, slurm-client, munge): %w", p, err)
+			return fmt.Errorf("%s missing: run tests/testbed-packages.sh (installs slurmctld, slurmd, slurm-client, munge): %w", p, err)
 		}
 		if err := addDynamicProgram(im, p); err != nil {
 			return err
@@ -93,7 +93,7 @@ func addSlurm(im *Image) error {
 	}
 	plugins, err := filepath.Glob(filepath.Join(slurmPluginDir, "*.so"))
 	if err != nil || len(plugins) == 0 {
-		return fmt.Errorf("no Slurm plugins in %s: run tests/setup.sh (installs slurmctld, slurmd): %v", slurmPluginDir, err)
+		return fmt.Errorf("no Slurm plugins in %s: run tests/testbed-packages.sh (installs slurmctld, slurmd): %v", slurmPluginDir, err)
 	}
 	for _, p := range plugins {
 		if err := addDynamicProgram(im, p); err != nil {

@@ -2,7 +2,6 @@ package console_test
 
 import (
 	"bytes"
-	"encoding/binary"
 	"io"
 	"runtime"
 	"sync/atomic"
@@ -159,22 +158,8 @@ func (r *consoleRig) flush(tb testing.TB) {
 func FuzzConsole(f *testing.F) {
 	// rx: one 64-byte writable buffer; tx: a 2-descriptor chain.
 	rings := make([]byte, 0, 1024)
-	desc := func(addr uint64, n uint32, flags, next uint16) []byte {
-		b := make([]byte, 16)
-		binary.LittleEndian.PutUint64(b, addr)
-		binary.LittleEndian.PutUint32(b[8:], n)
-		binary.LittleEndian.PutUint16(b[12:], flags)
-		binary.LittleEndian.PutUint16(b[14:], next)
-		return b
-	}
-	avail := func(idx uint16, heads ...uint16) []byte {
-		b := make([]byte, 6+2*fuzzQueue)
-		binary.LittleEndian.PutUint16(b[2:], idx)
-		for i, h := range heads {
-			binary.LittleEndian.PutUint16(b[4+2*i:], h)
-		}
-		return b
-	}
+	desc := queuetest.Desc
+	avail := func(idx uint16, heads ...uint16) []byte { return queuetest.Avail(fuzzQueue, idx, heads...) }
 	rings = append(rings, desc(0x100, 64, queue.DescFlagWrite, 0)...)
 	rings = append(rings, make([]byte, 16*(fuzzQueue-1))...)
 	rings = append(rings, avail(1, 0)...)
@@ -195,18 +180,8 @@ func FuzzConsole(f *testing.F) {
 		if features&2 != 0 {
 			feat |= queue.FeatureIndirectDesc
 		}
-		n := r.h.FillRing(r.rx, rings)
-		n += r.h.FillRing(r.tx, rings[min(n, len(rings)):])
-		r.h.FillIndirect(rings[min(n, len(rings)):])
-		copy(r.mem.High, r.pattern)
-		rxq, err := queue.New(r.mem, r.rx.Config(), feat)
-		if err != nil {
-			t.Fatal(err)
-		}
-		txq, err := queue.New(r.mem, r.tx.Config(), feat)
-		if err != nil {
-			t.Fatal(err)
-		}
+		qs := r.h.Queues(t, rings, r.pattern, feat, r.rx, r.tx)
+		rxq, txq := qs[0], qs[1]
 		r.out.Reset()
 		r.irq = irqCheck{}
 		defer r.flush(t)
@@ -276,59 +251,20 @@ func FuzzConsole(f *testing.F) {
 func (r *consoleRig) check(t *testing.T, input []byte) {
 	// Used rings: entries name descriptors; collect the chains' buffers.
 	r.wr = r.wr[:0]
-	var rxChains, txChains [][]queuetest.Range
-	var rxLens []uint32
-	for i := uint16(0); i != r.h.UsedIdx(r.rx); i++ {
-		if i > 4*fuzzQueue {
-			t.Fatalf("receive used index %d: more chains used than the driver made available", r.h.UsedIdx(r.rx))
-		}
-		id, l := r.h.Used(r.rx, i)
-		if id >= fuzzQueue {
-			t.Fatalf("receive used entry %d names descriptor %d of %d", i, id, fuzzQueue)
-		}
-		_, wr := r.h.Segments(r.rx, uint16(id), nil, nil)
-		total := uint64(0)
-		for _, s := range wr {
-			total += s.Len
-		}
-		if uint64(l) > total {
-			t.Fatalf("receive chain %d returned with %d bytes written, it has %d writable", id, l, total)
-		}
-		r.wr = append(r.wr, wr...)
-		rxChains, rxLens = append(rxChains, wr), append(rxLens, l)
+	var txChains [][]queuetest.Range
+	rx := r.h.CheckUsed(t, r.rx, "receive")
+	for _, c := range rx {
+		r.wr = append(r.wr, c.Writable...)
 	}
-	for i := uint16(0); i != r.h.UsedIdx(r.tx); i++ {
-		if i > 4*fuzzQueue {
-			t.Fatalf("transmit used index %d: more chains used than the driver made available", r.h.UsedIdx(r.tx))
+	for _, c := range r.h.CheckUsed(t, r.tx, "transmit") {
+		if c.Len != 0 {
+			t.Fatalf("transmit chain %d returned with length %d: the device writes nothing to it", c.ID, c.Len)
 		}
-		id, l := r.h.Used(r.tx, i)
-		if id >= fuzzQueue || l != 0 {
-			t.Fatalf("transmit used entry %d: descriptor %d, length %d", i, id, l)
-		}
-		rd, _ := r.h.Segments(r.tx, uint16(id), nil, nil)
-		txChains = append(txChains, rd)
+		txChains = append(txChains, c.Readable)
 	}
-	// Ring memory: only the used rings changed.
-	for a := range r.low {
-		if a == 0 && bytes.Equal(r.low, r.mem.Low) {
-			break // the common case, without an instrumented byte loop
-		}
-		if r.low[a] != r.mem.Low[a] {
-			u := uint64(a)
-			if (u < r.rx.Used || u >= r.rx.UsedEnd) && (u < r.tx.Used || u >= r.tx.UsedEnd) {
-				t.Fatalf("device wrote ring memory at %#x outside the used rings", a)
-			}
-		}
-	}
-	// Buffer memory: only writable buffers of returned receive chains.
-	for a := range r.high {
-		if a == 0 && bytes.Equal(r.high, r.mem.High) {
-			break
-		}
-		if r.high[a] != r.mem.High[a] && !queuetest.In(r.wr, r.mem.HighBase+uint64(a)) {
-			t.Fatalf("device wrote guest memory at %#x, in no writable buffer of a receive chain it returned", r.mem.HighBase+uint64(a))
-		}
-	}
+	// Ring memory: only the used rings changed; buffer memory: only
+	// writable buffers of returned receive chains.
+	r.h.CheckWrites(t, r.low, r.high, []queuetest.Ring{r.rx, r.tx}, r.wr)
 	// Host output: the transmit chains' readable bytes, in order, unless a
 	// receive chain's buffer overlapped them (then the bytes changed under
 	// the device, as they may).
@@ -352,15 +288,7 @@ func (r *consoleRig) check(t *testing.T, input []byte) {
 	if queuetest.Overlap(r.wr) {
 		return
 	}
-	var got []byte
-	for i, wr := range rxChains {
-		left := uint64(rxLens[i])
-		for _, s := range wr {
-			b, _ := r.mem.Slice(s.Addr, min(s.Len, left))
-			got = append(got, b...)
-			left -= uint64(len(b))
-		}
-	}
+	got := r.h.Written(rx)
 	if len(got) > len(input) || !bytes.Equal(got, input[:len(got)]) {
 		t.Fatalf("receive buffers hold %q, host input was %q", got, input)
 	}

@@ -89,22 +89,8 @@ func drainSock(fd int, buf []byte) {
 // order, as the host sent it with num_buffers set to the number of chains
 // it took (1 without mergeable buffers).
 func FuzzRxTx(f *testing.F) {
-	desc := func(addr uint64, n uint32, flags, next uint16) []byte {
-		b := make([]byte, 16)
-		binary.LittleEndian.PutUint64(b, addr)
-		binary.LittleEndian.PutUint32(b[8:], n)
-		binary.LittleEndian.PutUint16(b[12:], flags)
-		binary.LittleEndian.PutUint16(b[14:], next)
-		return b
-	}
-	avail := func(idx uint16, heads ...uint16) []byte {
-		b := make([]byte, 6+2*fuzzNetQueue)
-		binary.LittleEndian.PutUint16(b[2:], idx)
-		for i, h := range heads {
-			binary.LittleEndian.PutUint16(b[4+2*i:], h)
-		}
-		return b
-	}
+	desc := queuetest.Desc
+	avail := func(idx uint16, heads ...uint16) []byte { return queuetest.Avail(fuzzNetQueue, idx, heads...) }
 	var rings []byte
 	rings = append(rings, desc(0, 2048, queue.DescFlagWrite, 0)...)
 	rings = append(rings, desc(0x1000, 64, queue.DescFlagWrite, 0)...)
@@ -131,18 +117,8 @@ func (r *netFuzzRig) fuzz(t testing.TB, rings, pkt []byte, features uint16) {
 				feat |= b
 			}
 		}
-		n := r.h.FillRing(r.rx, rings)
-		n += r.h.FillRing(r.tx, rings[min(n, len(rings)):])
-		r.h.FillIndirect(rings[min(n, len(rings)):])
-		copy(r.mem.High, r.pattern)
-		rxq, err := queue.New(r.mem, r.rx.Config(), feat)
-		if err != nil {
-			t.Fatal(err)
-		}
-		txq, err := queue.New(r.mem, r.tx.Config(), feat)
-		if err != nil {
-			t.Fatal(err)
-		}
+		qs := r.h.Queues(t, rings, r.pattern, feat, r.rx, r.tx)
+		rxq, txq := qs[0], qs[1]
 		p := r.p
 		p.rxq, p.txq, p.features, p.mergeable = rxq, txq, feat, feat&FeatureMrgRxbuf != 0
 		p.pendLen, p.copied, p.used, p.waitRx, p.broken = 0, 0, p.used[:0], false, false
@@ -172,26 +148,9 @@ func (r *netFuzzRig) fuzz(t testing.TB, rings, pkt []byte, features uint16) {
 
 func (r *netFuzzRig) check(t testing.TB, pkt []byte) {
 	var wrAll []queuetest.Range
-	var rxChains [][]queuetest.Range
-	var rxLens []uint32
-	for i := uint16(0); i != r.h.UsedIdx(r.rx); i++ {
-		if i > 4*fuzzNetQueue {
-			t.Fatalf("receive used index %d: more chains than the driver made available", r.h.UsedIdx(r.rx))
-		}
-		id, l := r.h.Used(r.rx, i)
-		if id >= fuzzNetQueue {
-			t.Fatalf("receive used entry %d names descriptor %d of %d", i, id, fuzzNetQueue)
-		}
-		_, wr := r.h.Segments(r.rx, uint16(id), nil, nil)
-		total := uint64(0)
-		for _, s := range wr {
-			total += s.Len
-		}
-		if uint64(l) > total {
-			t.Fatalf("receive chain %d returned with %d bytes written, it has %d writable", id, l, total)
-		}
-		wrAll = append(wrAll, wr...)
-		rxChains, rxLens = append(rxChains, wr), append(rxLens, l)
+	rx := r.h.CheckUsed(t, r.rx, "receive")
+	for _, c := range rx {
+		wrAll = append(wrAll, c.Writable...)
 	}
 	// A packet still being delivered (mergeable buffers, the ring ran dry
 	// part-way) holds the chains it was copied into: the device owns them
@@ -204,36 +163,13 @@ func (r *netFuzzRig) check(t testing.TB, pkt []byte) {
 		}
 	}
 	var txChains [][]queuetest.Range
-	for i := uint16(0); i != r.h.UsedIdx(r.tx); i++ {
-		if i > 4*fuzzNetQueue {
-			t.Fatalf("transmit used index %d: more chains than the driver made available", r.h.UsedIdx(r.tx))
+	for _, c := range r.h.CheckUsed(t, r.tx, "transmit") {
+		if c.Len != 0 {
+			t.Fatalf("transmit chain %d returned with length %d: the device writes nothing to it", c.ID, c.Len)
 		}
-		id, l := r.h.Used(r.tx, i)
-		if id >= fuzzNetQueue || l != 0 {
-			t.Fatalf("transmit used entry %d: descriptor %d, length %d", i, id, l)
-		}
-		rd, _ := r.h.Segments(r.tx, uint16(id), nil, nil)
-		txChains = append(txChains, rd)
+		txChains = append(txChains, c.Readable)
 	}
-	for a := range r.low {
-		if a == 0 && bytes.Equal(r.low, r.mem.Low) {
-			break // the common case, without an instrumented byte loop
-		}
-		if r.low[a] != r.mem.Low[a] {
-			u := uint64(a)
-			if (u < r.rx.Used || u >= r.rx.UsedEnd) && (u < r.tx.Used || u >= r.tx.UsedEnd) {
-				t.Fatalf("worker wrote ring memory at %#x outside the used rings", a)
-			}
-		}
-	}
-	for a := range r.high {
-		if a == 0 && bytes.Equal(r.high, r.mem.High) {
-			break
-		}
-		if r.high[a] != r.mem.High[a] && !queuetest.In(wrAll, r.mem.HighBase+uint64(a)) {
-			t.Fatalf("worker wrote guest memory at %#x, in no writable buffer of a receive chain it returned", r.mem.HighBase+uint64(a))
-		}
-	}
+	r.h.CheckWrites(t, r.low, r.high, []queuetest.Ring{r.rx, r.tx}, wrAll)
 	// Transmitted packets: each is a returned chain's header and frame.
 	// Transmit ran before receive wrote anything, so the chains' bytes are
 	// the snapshot's.
@@ -262,21 +198,13 @@ func (r *netFuzzRig) check(t testing.TB, pkt []byte) {
 		}
 	}
 	// The received packet, if delivered, reads back from its chains.
-	if len(rxChains) == 0 || rxLens[0] == 0 || queuetest.Overlap(wrAll) {
+	if len(rx) == 0 || rx[0].Len == 0 || queuetest.Overlap(wrAll) {
 		return
 	}
-	var got []byte
-	for i, wr := range rxChains {
-		left := uint64(rxLens[i])
-		for _, s := range wr {
-			b, _ := r.mem.Slice(s.Addr, min(s.Len, left))
-			got = append(got, b...)
-			left -= uint64(len(b))
-		}
-	}
+	got := r.h.Written(rx)
 	want := append([]byte(nil), pkt...)
-	binary.LittleEndian.PutUint16(want[10:], uint16(len(rxChains)))
+	binary.LittleEndian.PutUint16(want[10:], uint16(len(rx)))
 	if !bytes.Equal(got, want) {
-		t.Fatalf("receive chains hold % x, the host sent % x (num_buffers %d)", got, pkt, len(rxChains))
+		t.Fatalf("receive chains hold % x, the host sent % x (num_buffers %d)", got, pkt, len(rx))
 	}
 }

@@ -230,8 +230,16 @@ func (d *Device) ownVhost(v vhostNet) error {
 }
 
 // findTasks returns the ids of the tasks called name, among the system's
-// processes (kernel threads) and this process's threads, leaving out those
-// in skip.
+// kernel threads and this process's threads, leaving out those in skip.
+//
+// Any process can give its threads any name (prctl PR_SET_NAME), so a
+// task of the system's called "vhost-<tid>" counts only if it is a kernel
+// thread (PF_KTHREAD in its stat flags, which no user process can have):
+// otherwise another user's process could have root hpcvmm move its threads
+// onto the job's CPUs (issue 23). The kernel names a vhost kthread after
+// the tid of the owner that started it, which is the calling thread here
+// and unique among live tasks; a kthread left from a former owner of that
+// tid is in skip. Threads in self/task are this process's own.
 func (d *Device) findTasks(name string, skip map[int]bool) map[int]bool {
 	root := d.procRoot
 	if root == "" {
@@ -243,18 +251,47 @@ func (d *Device) findTasks(name string, skip map[int]bool) map[int]bool {
 		if err != nil {
 			continue
 		}
+		own := dir != root
 		for _, e := range ents {
 			id, err := strconv.Atoi(e.Name())
 			if err != nil || skip[id] {
 				continue
 			}
 			b, err := os.ReadFile(filepath.Join(dir, e.Name(), "comm"))
-			if err == nil && strings.TrimSpace(string(b)) == name {
+			if err != nil || strings.TrimSpace(string(b)) != name {
+				continue
+			}
+			if own || isKernelThread(filepath.Join(dir, e.Name(), "stat")) {
 				found[id] = true
 			}
 		}
 	}
 	return found
+}
+
+// pfKthread is PF_KTHREAD (include/linux/sched.h), set on kernel threads
+// only.
+const pfKthread = 0x00200000
+
+// isKernelThread reports whether the task whose /proc stat file is at path
+// is a kernel thread: field 9 (flags) has PF_KTHREAD. The fields after the
+// name are parsed from its closing parenthesis, since a name may contain
+// spaces and parentheses.
+func isKernelThread(path string) bool {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 7 {
+		return false
+	}
+	flags, err := strconv.ParseUint(f[6], 10, 64)
+	return err == nil && flags&pfKthread != 0
 }
 
 func setAffinity(tid int, cpus []int) error {

@@ -176,15 +176,31 @@ func TestVhostWorkerPlacement(t *testing.T) {
 		require.NoError(t, os.MkdirAll(filepath.Join(root, dir), 0o755))
 		require.NoError(t, os.WriteFile(filepath.Join(root, dir, "comm"), []byte(comm+"\n"), 0o644))
 	}
-	task("150", name)            // an earlier instance's worker
-	task("151", "vhost-1")       // another owner's worker
+	// A kernel thread's stat: PF_KTHREAD (0x200000) in field 9, after a
+	// name with a space and a parenthesis.
+	kthread := func(dir string) {
+		require.NoError(t, os.WriteFile(filepath.Join(root, dir, "stat"), []byte(dir+" (vhost x) S 2 0 0 0 -1 2129984 0 0\n"), 0o644))
+	}
+	user := func(dir string) {
+		require.NoError(t, os.WriteFile(filepath.Join(root, dir, "stat"), []byte(dir+" (vhost) S 1 1 1 0 -1 4194560 0 0\n"), 0o644))
+	}
+	task("150", name) // an earlier instance's worker
+	kthread("150")
+	task("151", "vhost-1") // another owner's worker
+	kthread("151")
 	task("self/task/7", "vcpu0") // one of our threads
 	placed := map[int][]int{}
 	rig, _, fake, _ := bootVhostDevice(t, func(d *Device, f *fakeVhost) {
 		d.opts.WorkerCPUs = []int{2, 3}
 		d.procRoot = root
 		d.setAffinity = func(tid int, cpus []int) error { placed[tid] = cpus; return nil }
-		f.onOwner = func() { task("self/task/300", name) } // as from Linux 6.4
+		f.onOwner = func() {
+			task("self/task/300", name) // as from Linux 6.4
+			// Another user's process that named itself after the
+			// worker: not a kernel thread, not ours, never moved.
+			task("500", name)
+			user("500")
+		}
 	})
 	assert.True(t, fake.owner)
 	assert.Equal(t, map[int][]int{300: {2, 3}}, placed)
@@ -192,7 +208,7 @@ func TestVhostWorkerPlacement(t *testing.T) {
 	// A second activation (after a reset) finds its own new worker, a
 	// kthread this time (before Linux 6.4).
 	clear(placed)
-	fake.onOwner = func() { task("400", name) }
+	fake.onOwner = func() { task("400", name); kthread("400") }
 	_, st := rig.Negotiate(virtio.FeatureVersion1) // resets: vhost closed
 	require.NotZero(t, st&virtio.StatusFeaturesOK)
 	require.True(t, fake.closed)

@@ -143,6 +143,7 @@ func (r regs) Write(offset uint64, data []byte) {
 	}
 }
 
+// +checklocks:t.mu
 func (t *Transport) selected() *queueState {
 	if int(t.queueSel) < len(t.queues) {
 		return &t.queues[t.queueSel]
@@ -151,6 +152,7 @@ func (t *Transport) selected() *queueState {
 }
 
 // commonImage renders struct virtio_pci_common_cfg (under t.mu).
+// +checklocks:t.mu
 func (t *Transport) commonImage(img *[64]byte) {
 	le := binary.LittleEndian
 	le.PutUint32(img[ccDeviceFeatureSelect:], t.devFeatSel)
@@ -226,6 +228,7 @@ func (t *Transport) validVector(v uint32) uint32 {
 }
 
 // setField applies one common-configuration field write (under t.mu).
+// +checklocks:t.mu
 func (t *Transport) setField(off int, v uint32) {
 	q := t.selected()
 	// Queue layout is frozen once the queue is enabled (virtio 4.1.4.3.2).

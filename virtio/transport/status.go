@@ -14,6 +14,7 @@ import (
 // queueVectorChanged passes a running owned queue's new interrupt
 // eventfd to its owner (under t.mu). Queues the transport serves itself
 // need nothing: SignalQueue reads the vector on every interrupt.
+// +checklocks:t.mu
 func (t *Transport) queueVectorChanged(q int, vector uint32) {
 	if !t.running || q >= len(t.owned) || !t.owned[q] {
 		return
@@ -33,6 +34,7 @@ func (t *Transport) callFD(vector uint32) int {
 	return t.irqfds.EventFD(int(vector))
 }
 
+// +checklocks:t.mu
 func (t *Transport) enableQueue(q *queueState) {
 	if q.size > q.max {
 		t.fail(fmt.Errorf("queue %d: size %d exceeds maximum %d", t.queueSel, q.size, q.max))
@@ -48,6 +50,7 @@ func (t *Transport) enableQueue(q *queueState) {
 
 // setStatus runs the device status state machine (under t.mu). Status bits
 // only accumulate; writing 0 resets the device.
+// +checklocks:t.mu
 func (t *Transport) setStatus(v uint8) {
 	if v == 0 {
 		t.reset()
@@ -74,6 +77,7 @@ func (t *Transport) setStatus(v uint8) {
 	t.status = v
 }
 
+// +checklocks:t.mu
 func (t *Transport) activate() {
 	if t.running || t.needsReset.Load() {
 		return
@@ -118,6 +122,7 @@ func (t *Transport) queueFDs() []QueueFDs {
 
 // reset stops the device goroutine and returns everything the driver
 // programmed to its initial value (under t.mu).
+// +checklocks:t.mu
 func (t *Transport) reset() {
 	t.stopWorker()
 	t.dev.Reset()

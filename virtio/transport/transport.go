@@ -131,16 +131,24 @@ type Transport struct {
 	offered uint64
 	pciCfg  int // offset of the VIRTIO_PCI_CAP_PCI_CFG capability
 
-	mu          sync.Mutex
-	devFeatSel  uint32
-	drvFeatSel  uint32
+	mu sync.Mutex
+	// +checklocks:mu
+	devFeatSel uint32
+	// +checklocks:mu
+	drvFeatSel uint32
+	// +checklocks:mu
 	drvFeatures uint64
-	status      uint8
-	queueSel    uint16
-	queues      []queueState
-	owned       []bool // queues the EventFDOwner took at the last activation
-	running     bool
-	done        chan struct{}
+	// +checklocks:mu
+	status uint8
+	// +checklocks:mu
+	queueSel uint16
+	queues   []queueState // the slice is fixed at New; its elements' plain fields are guarded by mu
+	// +checklocks:mu
+	owned []bool // queues the EventFDOwner took at the last activation
+	// +checklocks:mu
+	running bool
+	// +checklocks:mu
+	done chan struct{}
 
 	needsReset   atomic.Bool
 	isr          atomic.Uint32
@@ -356,6 +364,7 @@ func (t *Transport) Status() uint8 {
 	return t.statusLocked()
 }
 
+// +checklocks:t.mu
 func (t *Transport) statusLocked() uint8 {
 	s := t.status
 	if t.needsReset.Load() {

@@ -12,6 +12,7 @@ import (
 	"github.com/hpcvmm/hpcvmm/irq"
 )
 
+// +checklocks:t.mu
 func (t *Transport) stopWorker() {
 	if !t.running {
 		return

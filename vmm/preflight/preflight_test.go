@@ -125,7 +125,7 @@ func TestAllPass(t *testing.T) {
 	assert.Contains(t, find(t, r, "sr-iov", vf).Detail, "VF of PF "+pf+" (driver mlx5_core")
 	assert.Contains(t, find(t, r, "iommu-group", gpu).Detail, "group 40, alone")
 	assert.Contains(t, find(t, r, "interrupts", gpu).Detail, "table BAR0+0xb90000")
-	assert.Contains(t, find(t, r, "hugepages", "node 1").Detail, "16 of 16 free 1G hugepages, VM needs 8")
+	assert.Contains(t, find(t, r, "hugepages", "node 1").Detail, "16 of the pool's 16 1G hugepages free; the VM needs 8 (8G)")
 	assert.Contains(t, find(t, r, "irq-remap", "host").Detail, "IR-")
 	// 16M (32-bit) is not in the 64-bit window; 128G+32M (GPU) + 1M (VF) is.
 	assert.Contains(t, find(t, r, "bar-space", "vm").Detail, "3 64-bit BARs")
@@ -351,8 +351,10 @@ func TestHugepages(t *testing.T) {
 	r := preflight.Run(h, req)
 	x := find(t, r, "hugepages", "node 1")
 	assert.Equal(t, preflight.Fail, x.Status)
-	assert.Contains(t, x.Detail, "10 free 1G hugepages (16 reserved), VM needs 20")
-	// 16 reserved, 6 of them in use: 26 leaves 20 free.
+	// The words of sysfs: nr_hugepages is the pool, free_hugepages what
+	// of it is not in use.
+	assert.Equal(t, "10 of the pool's 16 1G hugepages free; the VM needs 20 (20G)", x.Detail)
+	// A pool of 16, 6 of them in use: 26 leaves 20 free.
 	assert.Equal(t, "echo 26 > /sys/devices/system/node/node1/hugepages/hugepages-1048576kB/nr_hugepages", x.Fix)
 	assert.False(t, r.OK())
 
@@ -361,7 +363,7 @@ func TestHugepages(t *testing.T) {
 	r = preflight.Run(h, req)
 	x = find(t, r, "hugepages", "node 1")
 	assert.Equal(t, preflight.Pass, x.Status, x.Detail)
-	assert.Contains(t, x.Detail, "VM needs 512")
+	assert.Contains(t, x.Detail, "the VM needs 512 (1G)")
 
 	tr.Remove("sys/devices/system/node/node1/hugepages/hugepages-2048kB")
 	r = preflight.Run(h, req)
@@ -380,7 +382,83 @@ func TestHugepages(t *testing.T) {
 	req.PageSize = preflight.Page4K
 	r = preflight.Run(h, req)
 	x = find(t, r, "memory", "node 1")
-	assert.Equal(t, preflight.Warn, x.Status, "32G free for 64G")
+	assert.Equal(t, preflight.Warn, x.Status)
+	assert.Equal(t, "32G free of the node's 64G for 64G of guest RAM: the kernel must reclaim memory (page cache) or the guest will not get it all", x.Detail)
+}
+
+// TestHugepagesPromised: free_hugepages counts pages promised to mappings
+// that have not faulted them in (resv_hugepages, global pools only); those
+// are not the VM's to take.
+func TestHugepagesPromised(t *testing.T) {
+	tr := hosttest.New(t)
+	tr.KVM()
+	tr.Write("sys/devices/system/cpu/online", "0-3\n")
+	pool := "sys/kernel/mm/hugepages/hugepages-2048kB/"
+	tr.Write(pool+"nr_hugepages", "512\n")
+	tr.Write(pool+"free_hugepages", "512\n")
+	tr.Write(pool+"resv_hugepages", "100\n")
+	h := tr.Host()
+	asRoot(h)
+	req := preflight.Request{Memory: gib, PageSize: preflight.Page2M, CPUs: 1, NUMANode: -1}
+	r := preflight.Run(h, req)
+	x := find(t, r, "hugepages", "node 0")
+	assert.Equal(t, preflight.Fail, x.Status)
+	assert.Equal(t, "512 of the pool's 512 2M hugepages free (100 of them promised to other mappings); the VM needs 512 (1G)", x.Detail)
+	assert.Equal(t, "echo 612 > /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages", x.Fix)
+
+	tr.Write(pool+"resv_hugepages", "0\n")
+	x = find(t, preflight.Run(h, req), "hugepages", "node 0")
+	assert.Equal(t, preflight.Pass, x.Status, x.Detail)
+}
+
+// TestCheckInput: the one validation hpcvmm check and hpcvmm run share.
+// Sizes that can never fit the node are input errors naming the Request
+// field, in GiB; what only today's pool lacks is not.
+func TestCheckInput(t *testing.T) {
+	_, h := goodHost(t) // two nodes of 64 GiB each (32 free)
+	fields := func(err error) []string {
+		var out []string
+		list := []error{err}
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			list = j.Unwrap()
+		}
+		for _, e := range list {
+			var ie *preflight.InputError
+			require.ErrorAs(t, e, &ie)
+			out = append(out, ie.Field)
+		}
+		return out
+	}
+	ok := preflight.Request{Memory: 60 * gib, PageSize: preflight.Page1G, CPUs: 1, NUMANode: -1}
+	require.NoError(t, preflight.CheckInput(h, ok), "fits a node's RAM, though not today's pool of 16")
+	require.NoError(t, preflight.CheckInput(nil, ok))
+
+	for _, tc := range []struct {
+		name   string
+		mutate func(*preflight.Request)
+		field  string
+		msg    string
+	}{
+		{"100T on 2M pages", func(r *preflight.Request) { r.Memory, r.PageSize = 100<<40, preflight.Page2M }, "Memory",
+			"100T is more than the RAM of any NUMA node (the largest, node 0, has 64G): no 2M hugepage pool there can ever hold it"},
+		{"100T on 4K pages", func(r *preflight.Request) { r.Memory, r.PageSize = 100<<40, preflight.Page4K }, "Memory",
+			"100T is more than the RAM of any NUMA node (the largest, node 0, has 64G): guest RAM is bound to one node"},
+		{"a node's worth too much", func(r *preflight.Request) { r.Memory, r.NUMANode = 65*gib, 1 }, "Memory",
+			"65G is more than node 1's RAM (64G): no 1G hugepage pool there can ever hold it"},
+		{"no such node", func(r *preflight.Request) { r.NUMANode = 3 }, "NUMANode", "node 3 is not online; pick one of 0-1"},
+		{"zero", func(r *preflight.Request) { r.Memory = 0 }, "Memory", "no guest memory: give a size, e.g. 2G"},
+		{"tiny", func(r *preflight.Request) { r.Memory, r.PageSize = mib, preflight.Page4K }, "Memory", "1M is too small: a Linux guest needs at least 64M"},
+		{"not a multiple", func(r *preflight.Request) { r.Memory = 3*gib + 2*mib }, "Memory", "3074M is not a multiple of the 1G page size: use 4G, or a smaller page size"},
+		{"odd page", func(r *preflight.Request) { r.PageSize = 12345 }, "PageSize", "page size 12345 is not 1G, 2M or 4K (none)"},
+	} {
+		req := ok
+		tc.mutate(&req)
+		err := preflight.CheckInput(h, req)
+		require.Error(t, err, tc.name)
+		assert.Equal(t, []string{tc.field}, fields(err), tc.name)
+		assert.Equal(t, tc.field+": "+tc.msg, err.Error(), tc.name)
+		assert.NotContains(t, err.Error(), "--", "%s: the Go API's words name no flag", tc.name)
+	}
 }
 
 func TestCPUs(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/hpcvmm/hpcvmm/internal/testenv"
 	"github.com/hpcvmm/hpcvmm/vmm"
 )
 
@@ -18,7 +19,7 @@ type SoakOptions struct {
 	// fd, its eventfd, threads), which is not a leak.
 	Warmup int
 	// Watch is the host state compared beyond the process's own.
-	Watch Watch
+	Watch testenv.Watch
 	// Check judges each run's guest output; nil accepts any complete run.
 	Check func(GuestReport) error
 	// RunTimeout bounds each Run (default one minute).
@@ -31,7 +32,7 @@ type SoakOptions struct {
 // SoakResult is what a soak measured.
 type SoakResult struct {
 	Cycles        int
-	Before, After Resources
+	Before, After testenv.Resources
 	// MaxFDs, MaxMaps and MaxHeap are the highest values seen in the
 	// intermediate snapshots (SoakOptions.Every) and the final one.
 	MaxFDs, MaxMaps int
@@ -45,7 +46,7 @@ type SoakResult struct {
 // Soak creates, runs and closes a VM from cfg Cycles times (after Warmup
 // untimed ones), each time checking that the guest ran to its end, and
 // snapshots the process's resources before the first measured cycle and
-// after the last (see Leaks to compare them). cfg.Kernel is typically
+// after the last (see testenv.Leaks to compare them). cfg.Kernel is typically
 // Kernel's guest; cfg.Stdout is replaced. It stops at the first cycle that
 // fails, naming it. Call it on a locked OS thread when cfg creates TAPs, so
 // Links is the namespace they are created in.
@@ -90,10 +91,10 @@ func Soak(cfg vmm.Config, o SoakOptions) (SoakResult, error) {
 		}
 	}
 	var err error
-	if res.Before, err = Snapshot(o.Watch); err != nil {
+	if res.Before, err = testenv.Snapshot(o.Watch); err != nil {
 		return res, err
 	}
-	peak := func(r Resources) {
+	peak := func(r testenv.Resources) {
 		res.MaxFDs = max(res.MaxFDs, len(r.FDs))
 		res.MaxMaps = max(res.MaxMaps, r.Maps)
 		res.MaxHeap = max(res.MaxHeap, r.HeapAlloc)
@@ -105,7 +106,7 @@ func Soak(cfg vmm.Config, o SoakOptions) (SoakResult, error) {
 		}
 		res.Cycles++
 		if o.Every > 0 && (i+1)%o.Every == 0 && i+1 < o.Cycles {
-			r, err := Snapshot(o.Watch)
+			r, err := testenv.Snapshot(o.Watch)
 			if err != nil {
 				return res, err
 			}
@@ -115,7 +116,7 @@ func Soak(cfg vmm.Config, o SoakOptions) (SoakResult, error) {
 	res.Elapsed = time.Since(start)
 	// Device workers and vCPU goroutines end shortly after Close returns.
 	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if res.After, err = Snapshot(o.Watch); err != nil {
+		if res.After, err = testenv.Snapshot(o.Watch); err != nil {
 			return res, err
 		}
 		if res.After.Goroutines <= res.Before.Goroutines || time.Now().After(deadline) {

@@ -1,8 +1,10 @@
 package queuetest
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
+	"testing"
 
 	"github.com/hpcvmm/hpcvmm/virtio/queue"
 )
@@ -189,4 +191,132 @@ func Overlap(rs []Range) bool {
 		}
 	}
 	return false
+}
+
+// UsedChain is one chain a device returned in a used ring: the entry's
+// descriptor id and length, and the chain's buffers as the driver wrote
+// them (Segments).
+type UsedChain struct {
+	ID, Len            uint32
+	Readable, Writable []Range
+}
+
+// CheckUsed reads r's used ring as the device left it and fails tb unless
+// it holds what any device must keep to: no more entries than 4 rounds of
+// the ring (the harness makes far fewer chains available), each naming a
+// descriptor of the ring, with a length no larger than the chain's
+// writable bytes (so 0 for a chain with none, such as a transmit chain).
+// what names the ring in the failure ("receive", "transmit"). It returns
+// the chains in used-ring order.
+func (h Hostile) CheckUsed(tb testing.TB, r Ring, what string) []UsedChain {
+	tb.Helper()
+	var out []UsedChain
+	for i := uint16(0); i != h.UsedIdx(r); i++ {
+		if i > 4*r.Size {
+			tb.Fatalf("%s used index %d: more chains used than the driver made available", what, h.UsedIdx(r))
+		}
+		id, l := h.Used(r, i)
+		if id >= uint32(r.Size) {
+			tb.Fatalf("%s used entry %d names descriptor %d of %d", what, i, id, r.Size)
+		}
+		rd, wr := h.Segments(r, uint16(id), nil, nil)
+		total := uint64(0)
+		for _, s := range wr {
+			total += s.Len
+		}
+		if uint64(l) > total {
+			tb.Fatalf("%s chain %d returned with %d bytes written, it has %d writable", what, id, l, total)
+		}
+		out = append(out, UsedChain{ID: id, Len: l, Readable: rd, Writable: wr})
+	}
+	return out
+}
+
+// CheckWrites fails tb unless the device, since low and high were copied
+// from Mem, changed ring memory only inside the used rings of rings and
+// buffer memory only inside writable: the driver's rings, descriptors and
+// every buffer it did not give the device to write are as it left them.
+func (h Hostile) CheckWrites(tb testing.TB, low, high []byte, rings []Ring, writable []Range) {
+	tb.Helper()
+	if !bytes.Equal(low, h.Mem.Low) { // the common case skips the byte loop
+		for a := range low {
+			if low[a] == h.Mem.Low[a] {
+				continue
+			}
+			inUsed := false
+			for _, r := range rings {
+				inUsed = inUsed || (uint64(a) >= r.Used && uint64(a) < r.UsedEnd)
+			}
+			if !inUsed {
+				tb.Fatalf("device wrote ring memory at %#x outside the used rings", a)
+			}
+		}
+	}
+	if !bytes.Equal(high, h.Mem.High) {
+		for a := range high {
+			if high[a] != h.Mem.High[a] && !In(writable, h.Mem.HighBase+uint64(a)) {
+				tb.Fatalf("device wrote guest memory at %#x, in no writable buffer of a chain it returned", h.Mem.HighBase+uint64(a))
+			}
+		}
+	}
+}
+
+// Desc encodes one split-ring descriptor, for fuzz seeds written as a
+// driver would lay out its rings.
+func Desc(addr uint64, n uint32, flags, next uint16) []byte {
+	b := make([]byte, 16)
+	binary.LittleEndian.PutUint64(b, addr)
+	binary.LittleEndian.PutUint32(b[8:], n)
+	binary.LittleEndian.PutUint16(b[12:], flags)
+	binary.LittleEndian.PutUint16(b[14:], next)
+	return b
+}
+
+// Avail encodes the available ring of a queue of size entries, with index
+// idx and the given heads, for fuzz seeds.
+func Avail(size, idx uint16, heads ...uint16) []byte {
+	b := make([]byte, 6+2*int(size))
+	binary.LittleEndian.PutUint16(b[2:], idx)
+	for i, h := range heads {
+		binary.LittleEndian.PutUint16(b[4+2*i:], h)
+	}
+	return b
+}
+
+// Queues lays data out as a hostile driver's rings (each ring of rings in
+// turn, then the indirect tables, from whatever data is left), refills
+// High with pattern, and returns a queue over each ring with features: the
+// per-input set-up of a device fuzz target.
+func (h Hostile) Queues(tb testing.TB, data, pattern []byte, features uint64, rings ...Ring) []*queue.Queue {
+	tb.Helper()
+	n := 0
+	for _, r := range rings {
+		n += h.FillRing(r, data[min(n, len(data)):])
+	}
+	h.FillIndirect(data[min(n, len(data)):])
+	copy(h.Mem.High, pattern)
+	qs := make([]*queue.Queue, len(rings))
+	for i, r := range rings {
+		q, err := queue.New(h.Mem, r.Config(), features)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		qs[i] = q
+	}
+	return qs
+}
+
+// Written reads back what the device reported writing to chains, in order:
+// the first Len bytes of each chain's writable buffers.
+func (h Hostile) Written(chains []UsedChain) []byte {
+	var got []byte
+	for _, c := range chains {
+		left := uint64(c.Len)
+		for _, s := range c.Writable {
+			b, _ := h.Mem.Slice(s.Addr, min(s.Len, left))
+			got = append(got, b...)
+			left -= uint64(len(b))
+		}
+	}
+	return got
 }

@@ -1,4 +1,4 @@
-package vmmtest
+package testenv
 
 import (
 	"fmt"
@@ -99,7 +99,7 @@ func Snapshot(w Watch) (Resources, error) {
 		}
 		n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 		if err != nil {
-			return r, fmt.Errorf("vmmtest: %s/free_hugepages: %w", p, err)
+			return r, fmt.Errorf("testenv: %s/free_hugepages: %w", p, err)
 		}
 		r.HugePagesFree[filepath.Base(p)] = n
 	}
