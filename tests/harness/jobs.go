@@ -44,6 +44,25 @@ var ProfileJobs = func() Profile {
 }()
 
 func addJobFiles(im *Image) error {
+	if err := AddJobModules(im); err != nil {
+		return err
+	}
+	cache, err := CacheDir()
+	if err != nil {
+		return err
+	}
+	deb, err := debianRootfs(cache)
+	if err != nil {
+		return err
+	}
+	return addTree(im, deb, JobsDebianRoot)
+}
+
+// AddJobModules puts in an L1 image what `hpcvmm run --rootfs` takes from
+// the host for the job guest's initramfs: the guest kernel's module
+// indexes and the modules a job guest loads, where the distribution
+// installs them (the jobs profile, and the bench's job cases).
+func AddJobModules(im *Image) error {
 	k, err := FindKernel()
 	if err != nil {
 		return err
@@ -62,15 +81,7 @@ func addJobFiles(im *Image) error {
 		}
 		im.AddFile(p, p, 0o644)
 	}
-	cache, err := CacheDir()
-	if err != nil {
-		return err
-	}
-	deb, err := debianRootfs(cache)
-	if err != nil {
-		return err
-	}
-	return addTree(im, deb, JobsDebianRoot)
+	return nil
 }
 
 // JobsDebianRoot is where the jobs profile's L1 holds a root file system of
