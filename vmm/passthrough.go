@@ -97,7 +97,7 @@ type passthrough struct {
 	// rtnl is the rtnetlink socket that sets the InfiniBand VFs'
 	// identities and restores them at teardown, under the seccomp filter
 	// (which has no socket(2)); nil without such a VF.
-	rtnl *ibvf.Conn
+	rtnl    *ibvf.Conn
 	ctr     *iommu.Container
 	kv      *vfio.KVMVFIO
 	pcidevs []*vfio.PCIDevice
