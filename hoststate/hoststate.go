@@ -13,6 +13,12 @@
 // SIGKILL or a crash, RestoreStale (behind `hpcvmm unbind`) finds journals
 // whose process is gone and undoes them.
 //
+// A VM's teardown runs under its seccomp filter, which refuses opens for
+// writing and file creation (and has no rename): PrepareRestore opens the
+// journal file before the filter goes on, and a Restore that cannot undo
+// everything rewrites it in place through that file, so the journal names
+// exactly what is left for `hpcvmm unbind`.
+//
 // Under Slurm a journal records the job and step (SLURM_JOB_ID,
 // SLURM_STEP_ID). A Prolog's `hpcvmm bind` exits as soon as it has bound,
 // so its process is no proof of anything: with SLURM_JOB_ID set (the
