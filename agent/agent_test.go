@@ -425,7 +425,7 @@ func TestServePMI(t *testing.T) {
 	})
 	_, err = inW.Write([]byte("cmd=init\ncmd=barrier_out\n"))
 	require.NoError(t, err)
-	require.NoError(t, inW.Close()) // srun's end of stream: COMMAND's cat ends
+	require.NoError(t, inW.Close())    // srun's end of stream: COMMAND's cat ends
 	fromGuest, err := io.ReadAll(outR) // end of file once COMMAND's socket is gone
 	require.NoError(t, err)
 	h.stdinW.Close()

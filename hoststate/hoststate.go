@@ -13,6 +13,12 @@
 // SIGKILL or a crash, RestoreStale (behind `hpcvmm unbind`) finds journals
 // whose process is gone and undoes them.
 //
+// A VM's teardown runs under its seccomp filter, which refuses opens for
+// writing and file creation (and has no rename): PrepareRestore opens the
+// journal file before the filter goes on, and a Restore that cannot undo
+// everything rewrites it in place through that file, so the journal names
+// exactly what is left for `hpcvmm unbind`.
+//
 // Under Slurm a journal records the job and step (SLURM_JOB_ID,
 // SLURM_STEP_ID). A Prolog's `hpcvmm bind` exits as soon as it has bound,
 // so its process is no proof of anything: with SLURM_JOB_ID set (the
@@ -208,6 +214,11 @@ type Journal struct {
 	// claimed is set once the file at path is this journal's: the first
 	// save creates it exclusively, never replacing another's.
 	claimed bool
+	// rewrite is the journal file opened for writing by PrepareRestore,
+	// before a seccomp filter that refuses write-opens and file creation:
+	// Restore's save rewrites it in place when some changes could not be
+	// undone (rewriteInPlace).
+	rewrite *os.File
 	f       file
 }
 
@@ -264,8 +275,14 @@ func (j *Journal) Changes() []Change {
 // removes it when empty. The first save claims the journal's name
 // exclusively (a rename that never replaces: another process's journal
 // with the same name stays, and this one takes a new name).
+//
+// After PrepareRestore, a journal whose new form fits in the file is
+// rewritten in place through the file opened then (rewriteInPlace), with
+// no open or rename: the way a restore under the seccomp filter records
+// what it could not undo.
 func (j *Journal) save() error {
 	if len(j.f.Changes) == 0 {
+		j.dropRewrite()
 		if !j.claimed {
 			return nil
 		}
@@ -275,12 +292,18 @@ func (j *Journal) save() error {
 		j.claimed = false
 		return nil
 	}
-	if err := stateDir(j.opts.StateDir, true); err != nil {
-		return err
-	}
 	b, err := json.MarshalIndent(j.f, "", "  ")
 	if err != nil {
 		return fmt.Errorf("hoststate: encode journal: %w", err)
+	}
+	if j.rewrite != nil && j.claimed {
+		done, err := j.rewriteInPlace(b)
+		if done || err != nil {
+			return err
+		}
+	}
+	if err := stateDir(j.opts.StateDir, true); err != nil {
+		return err
 	}
 	f, err := os.CreateTemp(j.opts.StateDir, ".tmp-"+filepath.Base(j.path)+"-*")
 	if err != nil {
@@ -312,7 +335,71 @@ func (j *Journal) save() error {
 		os.Remove(tmp)
 		return fmt.Errorf("hoststate: write journal %s: %w", j.path, err)
 	}
+	// The file PrepareRestore opened is no longer the journal.
+	j.dropRewrite()
 	return nil
+}
+
+// PrepareRestore opens the journal file for writing now, for a Restore
+// that runs under a seccomp filter which refuses opens for writing and
+// file creation (hpcvmm's process filter; the VM's teardown runs under
+// it): when some changes cannot be undone there, Restore records the rest
+// through this file instead of writing a new one. Call it after the last
+// change. Without it (or when nothing is journaled) Restore writes the
+// journal as every save does.
+func (j *Journal) PrepareRestore() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.dropRewrite()
+	if !j.claimed {
+		return nil
+	}
+	f, err := os.OpenFile(j.path, os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("hoststate: open journal %s for the restore: %w", j.path, err)
+	}
+	j.rewrite = f
+	return nil
+}
+
+// dropRewrite closes the file PrepareRestore opened.
+func (j *Journal) dropRewrite() {
+	if j.rewrite != nil {
+		j.rewrite.Close()
+		j.rewrite = nil
+	}
+}
+
+// rewriteInPlace writes journal b over the file PrepareRestore opened, in
+// one write at offset 0 padded with spaces to the file's length (JSON
+// allows trailing white space; the filter has no ftruncate), then syncs
+// it. A restore only removes changes, so the new journal is never longer;
+// one that is (done false) is left to save's usual path. Unlike that path
+// it is not atomic against a crash of the machine in the middle of the
+// write, but the default state directory is tmpfs, which a crash empties
+// along with every change it records.
+func (j *Journal) rewriteInPlace(b []byte) (done bool, err error) {
+	fi, err := j.rewrite.Stat()
+	if err != nil {
+		return false, fmt.Errorf("hoststate: write journal %s: %w", j.path, err)
+	}
+	size := fi.Size()
+	if int64(len(b))+1 > size {
+		return false, nil
+	}
+	buf := make([]byte, size)
+	copy(buf, b)
+	for i := len(b); i < len(buf)-1; i++ {
+		buf[i] = ' '
+	}
+	buf[len(buf)-1] = '\n'
+	if _, err := j.rewrite.WriteAt(buf, 0); err != nil {
+		return true, fmt.Errorf("hoststate: rewrite journal %s: %w", j.path, err)
+	}
+	if err := j.rewrite.Sync(); err != nil {
+		return true, fmt.Errorf("hoststate: rewrite journal %s: %w", j.path, err)
+	}
+	return true, nil
 }
 
 // renameNoReplace renames from to to unless to exists (fs.ErrExist), with
@@ -615,10 +702,12 @@ func undoChange(o Options, c Change) error {
 
 // Restore undoes every recorded change, newest first. Changes that could
 // not be undone stay in the journal (so `hpcvmm unbind` can retry) and are
-// reported together.
+// reported together, in one error that names the journal. Under a seccomp
+// filter that refuses write-opens, call PrepareRestore before it goes on.
 func (j *Journal) Restore() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	defer j.dropRewrite()
 	var errs []error
 	var left []Change
 	for i := len(j.f.Changes) - 1; i >= 0; i-- {
@@ -631,6 +720,8 @@ func (j *Journal) Restore() error {
 	j.f.Changes = left
 	if err := j.save(); err != nil {
 		errs = append(errs, err)
+	} else if len(left) > 0 {
+		errs = append(errs, fmt.Errorf("hoststate: %d change(s) not undone stay in journal %s: hpcvmm unbind retries them", len(left), j.path))
 	}
 	return errors.Join(errs...)
 }

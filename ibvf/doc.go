@@ -8,11 +8,14 @@
 // messages carrying IFLA_VFINFO_LIST → IFLA_VF_INFO → IFLA_VF_IB_NODE_GUID,
 // IFLA_VF_IB_PORT_GUID or IFLA_VF_LINK_STATE. Each attribute goes in a
 // message of its own, because the kernel's do_setvfinfo returns after the
-// first GUID in a nest. The messages are built and sent by
-// github.com/vishvananda/netlink (LinkSetVfNodeGUID, LinkSetVfPortGUID,
-// LinkSetVfState); the current values are read back with RTM_GETLINK
-// (RTEXT_FILTER_VF), whose IFLA_VF_IB_*_GUID attributes v1.3.1's VfInfo
-// does not carry, so this package decodes them itself.
+// first GUID in a nest. The messages are built with
+// github.com/vishvananda/netlink's nl package as its LinkSetVfNodeGUID,
+// LinkSetVfPortGUID and LinkSetVfState build them, and sent on a Conn: one
+// rtnetlink socket, opened once, so that a VM can open it before its
+// seccomp filter (which has no socket(2)) and restore the identities
+// through it at teardown. The current values are read back with
+// RTM_GETLINK (RTEXT_FILTER_VF), whose IFLA_VF_IB_*_GUID attributes
+// v1.3.1's VfInfo does not carry, so this package decodes them itself.
 //
 // Package hoststate journals every change made here with the values read
 // before it, so they are restored when the VM ends and by `hpcvmm unbind`

@@ -70,13 +70,6 @@ func (g *GUID) UnmarshalText(b []byte) error {
 	return err
 }
 
-// hardwareAddr is the 8-byte big-endian form vishvananda/netlink takes.
-func (g GUID) hardwareAddr() net.HardwareAddr {
-	b := make(net.HardwareAddr, 8)
-	binary.BigEndian.PutUint64(b, uint64(g))
-	return b
-}
-
 // Seed is what makes derived GUIDs unique in the cluster: at one time, a
 // (cluster, job, node) names at most one VM.
 type Seed struct {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
@@ -27,49 +26,47 @@ type Netlink interface {
 	SetLinkState(netdev string, vf int, s LinkState) error
 }
 
-// System talks to the kernel in the calling thread's network namespace.
+// System talks to the kernel in the calling thread's network namespace,
+// each call through a Conn of its own (opened and closed around it): for
+// `hpcvmm bind`/`unbind` and the VM's setup, which run without a seccomp
+// filter. What runs under the filter (the VM's teardown) uses a Conn
+// opened before it.
 type System struct{}
-
-func link(netdev string) (netlink.Link, error) {
-	l, err := netlink.LinkByName(netdev)
-	if err != nil {
-		return nil, fmt.Errorf("ibvf: netdev %s: %w", netdev, err)
-	}
-	return l, nil
-}
 
 // ErrGUIDsNotReported means the kernel gave the VF's link state but not its
 // GUIDs: its driver has no ndo_get_vf_guid (mlx5 reports them since Linux
 // 5.5), so the values to restore are unknown.
 var ErrGUIDsNotReported = errors.New("the kernel does not report this VF's GUIDs (IFLA_VF_IB_NODE_GUID missing in RTM_GETLINK; mlx5 reports them since Linux 5.5)")
 
-// Identity implements Netlink: an RTM_GETLINK with RTEXT_FILTER_VF and
-// RTEXT_FILTER_SKIP_STATS, its
-// IFLA_VFINFO_LIST decoded for VF vf.
-func (System) Identity(netdev string, vf int) (Identity, error) {
-	l, err := link(netdev)
+// with runs f on a Conn opened for it.
+func with(f func(*Conn) error) error {
+	c, err := Open()
 	if err != nil {
-		return Identity{}, err
+		return err
 	}
-	req := nl.NewNetlinkRequest(unix.RTM_GETLINK, unix.NLM_F_ACK)
-	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
-	msg.Index = int32(l.Attrs().Index)
-	req.AddData(msg)
-	// Without the statistics the answer is smaller and carries nothing
-	// this package does not read (rtnl_fill_vfinfo skips IFLA_VF_STATS).
-	req.AddData(nl.NewRtAttr(unix.IFLA_EXT_MASK, nl.Uint32Attr(nl.RTEXT_FILTER_VF|rtextFilterSkipStats)))
-	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWLINK)
-	if err != nil {
-		return Identity{}, fmt.Errorf("ibvf: RTM_GETLINK %s: %w", netdev, err)
-	}
-	if len(msgs) != 1 {
-		return Identity{}, fmt.Errorf("ibvf: RTM_GETLINK %s: %d answers", netdev, len(msgs))
-	}
-	id, err := identityFromNewLink(msgs[0], vf)
-	if err != nil {
-		return Identity{}, fmt.Errorf("ibvf: netdev %s VF %d: %w", netdev, vf, err)
-	}
-	return id, nil
+	defer c.Close()
+	return f(c)
+}
+
+// Identity implements Netlink (see Conn.Identity).
+func (System) Identity(netdev string, vf int) (id Identity, err error) {
+	err = with(func(c *Conn) error { id, err = c.Identity(netdev, vf); return err })
+	return id, err
+}
+
+// SetNodeGUID implements Netlink (see Conn.SetNodeGUID).
+func (System) SetNodeGUID(netdev string, vf int, g GUID) error {
+	return with(func(c *Conn) error { return c.SetNodeGUID(netdev, vf, g) })
+}
+
+// SetPortGUID implements Netlink (see Conn.SetPortGUID).
+func (System) SetPortGUID(netdev string, vf int, g GUID) error {
+	return with(func(c *Conn) error { return c.SetPortGUID(netdev, vf, g) })
+}
+
+// SetLinkState implements Netlink (see Conn.SetLinkState).
+func (System) SetLinkState(netdev string, vf int, s LinkState) error {
+	return with(func(c *Conn) error { return c.SetLinkState(netdev, vf, s) })
 }
 
 // identityFromNewLink decodes VF vf from an RTM_NEWLINK message's payload
@@ -172,40 +169,4 @@ func decodeVFIdentity(attrs []byte, vf int) (Identity, error) {
 		}
 	}
 	return Identity{}, errors.New("the PF reports no such VF (is sriov_numvfs large enough?)")
-}
-
-// SetNodeGUID implements Netlink with netlink.LinkSetVfNodeGUID.
-func (System) SetNodeGUID(netdev string, vf int, g GUID) error {
-	l, err := link(netdev)
-	if err != nil {
-		return err
-	}
-	if err := netlink.LinkSetVfNodeGUID(l, vf, g.hardwareAddr()); err != nil {
-		return fmt.Errorf("ibvf: %s VF %d: set node GUID %s: %w", netdev, vf, g, err)
-	}
-	return nil
-}
-
-// SetPortGUID implements Netlink with netlink.LinkSetVfPortGUID.
-func (System) SetPortGUID(netdev string, vf int, g GUID) error {
-	l, err := link(netdev)
-	if err != nil {
-		return err
-	}
-	if err := netlink.LinkSetVfPortGUID(l, vf, g.hardwareAddr()); err != nil {
-		return fmt.Errorf("ibvf: %s VF %d: set port GUID %s: %w", netdev, vf, g, err)
-	}
-	return nil
-}
-
-// SetLinkState implements Netlink with netlink.LinkSetVfState.
-func (System) SetLinkState(netdev string, vf int, s LinkState) error {
-	l, err := link(netdev)
-	if err != nil {
-		return err
-	}
-	if err := netlink.LinkSetVfState(l, vf, uint32(s)); err != nil {
-		return fmt.Errorf("ibvf: %s VF %d: set link state %s: %w", netdev, vf, s, err)
-	}
-	return nil
 }

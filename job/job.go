@@ -277,8 +277,12 @@ func (j *Job) Run(ctx context.Context, m Machine) jobproto.Status {
 					pending = nil
 				}
 			case *jobproto.Started:
+				// The bench times "launch → command started" from this line.
 				j.log.Debug("job: command started in the guest", "pid", m.PID)
 			case *jobproto.Exited:
+				// Logged as it arrives: the bench times "command exited →
+				// hpcvmm exited" from this line (tests/bench/jobs.go).
+				j.log.Debug("job: command exited in the guest", "status", jobproto.StatusOf(m).String())
 				finish(jobproto.StatusOf(m))
 			case *jobproto.Failed:
 				finish(jobproto.Status{Failure: m.Kind, Reason: m.Reason})

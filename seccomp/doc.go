@@ -140,6 +140,13 @@
 //   - prctl only PR_SET_NAME.
 //   - ioctl only the requests of ioctlRequests, named as in the C headers
 //     (package uapi has the numbers and checks them against the headers).
+//   - sendto, recvfrom and getsockname only on the sockets InstallProcess
+//     is given, opened before the filter: the rtnetlink socket through
+//     which the VM restores its InfiniBand VFs' GUIDs and link state at
+//     teardown (ibvf.Conn; a request on an open netlink socket needs no
+//     more). With none given they are not in the filter at all; socket,
+//     bind and connect never are, so no thread can open a socket after
+//     setup.
 //
 // What remains: unlinkat (the journal's removal at teardown) can remove a
 // file, though not create or change one; read-only opens and reads of

@@ -58,14 +58,15 @@ func TestProgramMatchesRules(t *testing.T) {
 	a, err := arch.GetInfo("")
 	require.NoError(t, err)
 	const pid = 4242
-	rules, err := argRules(pid)
+	sockets := []int{7, 1000}
+	rules, err := argRules(pid, sockets)
 	require.NoError(t, err)
 	for _, k := range []Kind{Process, VCPU} {
 		var kr []argRule
 		if k == Process {
 			kr = rules
 		}
-		raw, err := program(k, Kill, pid)
+		raw, err := program(k, Kill, pid, sockets)
 		require.NoError(t, err)
 		vm, err := bpf.NewVM(disassemble(t, raw))
 		require.NoError(t, err)
@@ -130,7 +131,7 @@ func disassemble(t *testing.T, raw []bpf.RawInstruction) []bpf.Instruction {
 // syscalls argRules (the program) conditions, and a violation's message
 // says which form of such a syscall passes.
 func TestRulesDescribeTheProgram(t *testing.T) {
-	rules, err := argRules(1)
+	rules, err := argRules(1, []int{5})
 	require.NoError(t, err)
 	var inProgram, described []string
 	for _, r := range rules {

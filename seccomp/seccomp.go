@@ -92,6 +92,15 @@ var lists = map[Kind][]string{
 		// file another user wrote over one root trusts.
 		"openat", "close", "fstat", "newfstatat", "lseek", "getdents64", "fcntl",
 		"readlinkat", "unlinkat", "fsync",
+		// Requests on the sockets opened before the filter, and on no
+		// other descriptor (argRules; left out of the filter when
+		// InstallProcess names none): the rtnetlink socket through which
+		// teardown restores the GUIDs and link state of InfiniBand VFs
+		// (ibvf.Conn). A request on an open netlink socket is a sendto,
+		// a recvfrom for each answer, and a getsockname for the port ID
+		// the answers are matched against. socket, bind and connect stay
+		// off the list: no thread can open a socket after setup.
+		"sendto", "recvfrom", "getsockname",
 		// Installing the stricter vCPU filters after this one: a filter
 		// can only narrow what is allowed, so allowing seccomp(2) gives
 		// nothing away.
@@ -176,8 +185,18 @@ func Rules() []Rule {
 		{"prctl", "only PR_SET_NAME"},
 		{"shutdown", "only SHUT_WR: a job's PMI relay passes the guest's end of stream on to srun's socket"},
 		{"ioctl", "only with the requests " + strings.Join(ioctlRequests, ", ")},
+		{"sendto", socketRule},
+		{"recvfrom", socketRule},
+		{"getsockname", socketRule},
 	}
 }
+
+// socketRule is the condition of the socket syscalls, in words.
+const socketRule = "only on the sockets opened before the filter and named to InstallProcess (the rtnetlink socket that restores InfiniBand VF identities at teardown); not at all when there are none"
+
+// socketCalls are the syscalls allowed only on the sockets InstallProcess
+// names (socketRule).
+var socketCalls = []string{"sendto", "recvfrom", "getsockname"}
 
 // argRule is one argument condition: syscall name is allowed only when its
 // argument arg, as the kernel reads it (the low 32 bits: every argument
@@ -192,8 +211,9 @@ type argRule struct {
 	values []uint64
 }
 
-// argRules are the process filter's argument conditions for process pid.
-func argRules(pid int) ([]argRule, error) {
+// argRules are the process filter's argument conditions for process pid
+// whose already-open sockets are sockets.
+func argRules(pid int, sockets []int) ([]argRule, error) {
 	reqs := make([]uint64, 0, len(ioctlRequests))
 	for _, n := range ioctlRequests {
 		req, ok := uapi.IoctlRequest(n)
@@ -202,7 +222,7 @@ func argRules(pid int) ([]argRule, error) {
 		}
 		reqs = append(reqs, uint64(req))
 	}
-	return []argRule{
+	rules := []argRule{
 		{name: "ioctl", arg: 1, equal: true, values: reqs},
 		{name: "openat", arg: 2, values: []uint64{openWriteFlags}},
 		{name: "mmap", arg: 2, values: []uint64{unix.PROT_EXEC}},
@@ -211,7 +231,20 @@ func argRules(pid int) ([]argRule, error) {
 		{name: "tgkill", arg: 0, equal: true, values: []uint64{uint64(pid)}},
 		{name: "prctl", arg: 0, equal: true, values: []uint64{unix.PR_SET_NAME}},
 		{name: "shutdown", arg: 1, equal: true, values: []uint64{unix.SHUT_WR}},
-	}, nil
+	}
+	if len(sockets) > 0 {
+		fds := make([]uint64, 0, len(sockets))
+		for _, fd := range sockets {
+			if fd < 0 || fd > 1<<31-1 {
+				return nil, fmt.Errorf("seccomp: socket descriptor %d out of range", fd)
+			}
+			fds = append(fds, uint64(fd))
+		}
+		for _, name := range socketCalls {
+			rules = append(rules, argRule{name: name, arg: 0, equal: true, values: fds})
+		}
+	}
+	return rules, nil
 }
 
 // Allowed returns the allow-list of kind k (a copy), or nil for an unknown
@@ -222,9 +255,10 @@ func Allowed(k Kind) []string { return slices.Clone(lists[k]) }
 // Program assembles kind k's filter in mode m for this process into BPF:
 // the syscall numbers of this architecture, the argument conditions of
 // Rules (Process only), other architectures' (and x32's) calls refused, the
-// default action from m.
+// default action from m. No socket is named: the socket syscalls are
+// refused.
 func Program(k Kind, m Mode) ([]bpf.RawInstruction, error) {
-	return program(k, m, os.Getpid())
+	return program(k, m, os.Getpid(), nil)
 }
 
 // program is kind k's filter in mode m for process pid. The argument
@@ -240,7 +274,10 @@ func Program(k Kind, m Mode) ([]bpf.RawInstruction, error) {
 // number and was allowed (TestArgumentRules caught it). Here a syscall with
 // conditions ends its own block with an allow or the default action, and
 // nothing after a failed condition compares numbers.
-func program(k Kind, m Mode, pid int) ([]bpf.RawInstruction, error) {
+//
+// sockets are the process's already-open sockets on which the process
+// filter allows socketCalls; with none, they are left out of the list.
+func program(k Kind, m Mode, pid int, sockets []int) ([]bpf.RawInstruction, error) {
 	names, ok := lists[k]
 	if !ok {
 		return nil, fmt.Errorf("seccomp: unknown thread kind %q", k)
@@ -248,8 +285,11 @@ func program(k Kind, m Mode, pid int) ([]bpf.RawInstruction, error) {
 	var rules []argRule
 	if k == Process {
 		var err error
-		if rules, err = argRules(pid); err != nil {
+		if rules, err = argRules(pid, sockets); err != nil {
 			return nil, err
+		}
+		if len(sockets) == 0 {
+			names = slices.DeleteFunc(slices.Clone(names), func(n string) bool { return slices.Contains(socketCalls, n) })
 		}
 	}
 	def := uint32(libseccomp.ActionKillProcess)
@@ -372,7 +412,13 @@ func assembleFilter(names []string, rules []argRule, def uint32) ([]bpf.Instruct
 // later execve from gaining privileges the filter was meant to bound.
 // Call it once, before any thread has a filter of its own (TSYNC fails
 // when a thread's filters are not an ancestor of the caller's).
-func InstallProcess(m Mode) error { return install(Process, m, true) }
+//
+// sockets are descriptors of sockets opened before (hpcvmm's: the
+// rtnetlink socket of ibvf.Conn), on which sendto, recvfrom and
+// getsockname stay allowed; on any other descriptor, and with none
+// named, those syscalls take the default action like any syscall outside
+// the list.
+func InstallProcess(m Mode, sockets ...int) error { return install(Process, m, true, sockets) }
 
 // InstallThread stacks kind k's filter on the calling OS thread only. The
 // caller must have called runtime.LockOSThread and must never unlock: a
@@ -380,15 +426,15 @@ func InstallProcess(m Mode) error { return install(Process, m, true) }
 // under k's list. The Go runtime never clones a thread from a locked one
 // (it asks its template thread to), so the stricter list does not spread
 // to new threads either; see the package documentation.
-func InstallThread(k Kind, m Mode) error { return install(k, m, false) }
+func InstallThread(k Kind, m Mode) error { return install(k, m, false, nil) }
 
 // tsyncFlags makes the kernel report a thread it could not synchronise as
 // ESRCH: without TSYNC_ESRCH it returns that thread's id as a positive
 // result, which the library (checking errno only) would take for success.
 const tsyncFlags = unix.SECCOMP_FILTER_FLAG_TSYNC | unix.SECCOMP_FILTER_FLAG_TSYNC_ESRCH
 
-func install(k Kind, m Mode, allThreads bool) error {
-	raw, err := program(k, m, os.Getpid())
+func install(k Kind, m Mode, allThreads bool, sockets []int) error {
+	raw, err := program(k, m, os.Getpid(), sockets)
 	if err != nil {
 		return err
 	}

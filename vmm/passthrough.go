@@ -94,6 +94,10 @@ type passthrough struct {
 	// before the seccomp filter (hostwrites.go); sysRoot is its sysfs.
 	writes  sysfsWrites
 	sysRoot string
+	// rtnl is the rtnetlink socket that sets the InfiniBand VFs'
+	// identities and restores them at teardown, under the seccomp filter
+	// (which has no socket(2)); nil without such a VF.
+	rtnl    *ibvf.Conn
 	ctr     *iommu.Container
 	kv      *vfio.KVMVFIO
 	pcidevs []*vfio.PCIDevice
@@ -162,7 +166,9 @@ func (vm *VM) bindDevices(sysRoot, procRoot string) error {
 			continue
 		}
 		if pt.journal == nil {
-			pt.openJournal(vm.cfg.Passthrough.StateDir, sysRoot, procRoot)
+			if err := pt.openJournal(vm.cfg.Passthrough.StateDir, sysRoot, procRoot); err != nil {
+				return err
+			}
 		}
 		if err := pt.journal.Bind(dev.BDF); err != nil {
 			return fmt.Errorf("binding %s to vfio-pci: %w", dev.BDF, err)
@@ -193,7 +199,9 @@ func (vm *VM) setVFIdentities(sysRoot, procRoot string) error {
 			continue
 		}
 		if pt.journal == nil {
-			pt.openJournal(vm.cfg.Passthrough.StateDir, sysRoot, procRoot)
+			if err := pt.openJournal(vm.cfg.Passthrough.StateDir, sysRoot, procRoot); err != nil {
+				return err
+			}
 		}
 		sp := pt.specs[i]
 		if err := pt.journal.SetVFIdentity(*t, sp.IB); err != nil {
@@ -483,26 +491,56 @@ func (vm *VM) closePassthrough() error {
 }
 
 // openJournal starts this VM's host-state journal, its sysfs writes going
-// through pt.writes.
-func (pt *passthrough) openJournal(stateDir, sysRoot, procRoot string) {
+// through pt.writes and, when a VF has identity settings, its netlink
+// messages through an rtnetlink socket opened now, in hpcvmm's network
+// namespace (the PF's netdev is there), and kept until restoreHost.
+func (pt *passthrough) openJournal(stateDir, sysRoot, procRoot string) error {
 	pt.sysRoot = sysRoot
-	pt.journal = hoststate.Open(hoststate.Options{StateDir: stateDir, SysfsRoot: sysRoot, ProcRoot: procRoot, WriteFile: pt.writes.write})
+	opts := hoststate.Options{StateDir: stateDir, SysfsRoot: sysRoot, ProcRoot: procRoot, WriteFile: pt.writes.write}
+	for _, t := range pt.ib {
+		if t != nil {
+			c, err := ibvf.Open()
+			if err != nil {
+				return fmt.Errorf("InfiniBand VF %s: %w", t.VF, err)
+			}
+			pt.rtnl, opts.Netlink = c, c
+			break
+		}
+	}
+	pt.journal = hoststate.Open(opts)
+	return nil
 }
 
 // prepareRestore opens, before the seccomp filter goes on, the sysfs
-// attributes restoreHost will write: the filter refuses opens for writing.
+// attributes restoreHost will write and the journal file its restore may
+// rewrite: the filter refuses opens for writing and file creation.
 func (vm *VM) prepareRestore() error {
 	if vm.pt == nil || vm.pt.journal == nil {
 		return nil
 	}
-	return vm.pt.writes.prepare(vm.pt.sysRoot, vm.pt.journal.Changes())
+	return errors.Join(vm.pt.writes.prepare(vm.pt.sysRoot, vm.pt.journal.Changes()), vm.pt.journal.PrepareRestore())
 }
 
-// restoreHost gives rebound devices back to their drivers. It runs after
-// the VM and its fds are gone: vfio-pci will not release a device that is
-// still open.
+// filterSockets are the sockets the seccomp filter lets the process use
+// after setup: the rtnetlink socket of the VFs' restore.
+func (vm *VM) filterSockets() []int {
+	if vm.pt == nil || vm.pt.rtnl == nil {
+		return nil
+	}
+	return []int{vm.pt.rtnl.FD()}
+}
+
+// restoreHost gives rebound devices back to their drivers and InfiniBand
+// VFs their identities. It runs after the VM and its fds are gone:
+// vfio-pci will not release a device that is still open.
 func (vm *VM) restoreHost() error {
-	if vm.pt == nil || vm.pt.journal == nil {
+	if vm.pt == nil {
+		return nil
+	}
+	if vm.pt.rtnl != nil {
+		defer func() { vm.pt.rtnl.Close(); vm.pt.rtnl = nil }()
+	}
+	if vm.pt.journal == nil {
 		return nil
 	}
 	defer vm.pt.writes.close()

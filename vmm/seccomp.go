@@ -57,11 +57,13 @@ func (vm *VM) installProcessFilter() error {
 		return nil
 	}
 	// What the run writes after this is opened now: the filter refuses
-	// opens for writing.
+	// opens for writing. The sockets it uses are open already (the
+	// rtnetlink socket of the InfiniBand VFs' restore): the filter has no
+	// socket(2), and allows requests on those alone.
 	if err := vm.prepareRestore(); err != nil {
-		return fmt.Errorf("vmm: open the sysfs attributes that give the devices back at the end, before the seccomp filter: %w", err)
+		return fmt.Errorf("vmm: open the sysfs attributes and the journal that give the devices back at the end, before the seccomp filter: %w", err)
 	}
-	if err := seccomp.InstallProcess(mode); err != nil {
+	if err := seccomp.InstallProcess(mode, vm.filterSockets()...); err != nil {
 		return fmt.Errorf("vmm: %w (--seccomp=off runs without filters)", err)
 	}
 	vm.log.Info("seccomp: process filter on every thread; vCPU threads add their own before the first KVM_RUN",

@@ -221,15 +221,15 @@ func TestRunHelpGroups(t *testing.T) {
 	assert.Regexp(t, `(?m)^Exit status \(a VM without COMMAND\):\n  0  the guest rebooted or powered off\n  1  .*\n.*\n  2  invalid input`, out)
 }
 
-// TestREADMEMatchesRunFlags: README's `hpcvmm run` flag table lists
-// exactly the flags --help lists, and its exit-status line says what
-// --help says.
+// TestREADMEMatchesRunFlags: the `hpcvmm run` flag table of
+// docs/running.md (moved there from README) lists exactly the flags --help
+// lists, and its exit-status line says what --help says.
 func TestREADMEMatchesRunFlags(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/running.md")
 	require.NoError(t, err)
 	text := string(readme)
 	start := strings.Index(text, "## `hpcvmm run`")
-	require.GreaterOrEqual(t, start, 0, "README has a `hpcvmm run` section")
+	require.GreaterOrEqual(t, start, 0, "docs/running.md has a `hpcvmm run` section")
 	section := text[start:]
 	section = section[:strings.Index(section[3:], "\n## ")+3]
 	var inTable []string
@@ -248,7 +248,8 @@ func TestREADMEMatchesRunFlags(t *testing.T) {
 		}
 		flags = append(flags, fl.Name)
 	})
-	// The job flags are described in docs/jobs.md, which README points to.
+	// The job flags are described in docs/jobs.md, which README and
+	// docs/running.md point to.
 	jobs, err := os.ReadFile("../../docs/jobs.md")
 	require.NoError(t, err)
 	var inJobs []string
@@ -260,8 +261,8 @@ func TestREADMEMatchesRunFlags(t *testing.T) {
 	assert.Equal(t, jobFlags, inJobs, "docs/jobs.md's flag table and hpcvmm run's Job flags")
 	slices.Sort(inTable)
 	slices.Sort(flags)
-	assert.Equal(t, flags, inTable, "README's flag table and hpcvmm run's flags")
-	assert.Empty(t, singleDashLong.FindAllString(strings.ReplaceAll(section, "--p2p=false", ""), -1), "GNU-style flags in README's run section")
+	assert.Equal(t, flags, inTable, "docs/running.md's flag table and hpcvmm run's flags")
+	assert.Empty(t, singleDashLong.FindAllString(strings.ReplaceAll(section, "--p2p=false", ""), -1), "GNU-style flags in docs/running.md's run section")
 	assert.Contains(t, section, "Exit status: 0 when the guest reboots or powers off; 1 ")
 	assert.Contains(t, section, "2 for invalid input")
 	assert.Contains(t, section, "`Ctrl-A Ctrl-A`")

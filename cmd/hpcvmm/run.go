@@ -109,7 +109,7 @@ func newRunCommand() (*command, *runFlags) {
 	c.hidden(func(fs *pflag.FlagSet) {
 		fs.StringVar(&f.cfg.SysfsRoot, "sysfs", "", "sysfs root (tests)")
 		fs.StringVar(&f.cfg.ProcfsRoot, "procfs", "", "procfs root (tests)")
-		// Hidden only until README's flag table (TestREADMEMatchesRunFlags)
+		// Hidden only until docs/running.md's flag table (TestREADMEMatchesRunFlags)
 		// lists it: then it belongs in "Console and logging".
 		fs.BoolVar(&f.consoleRaw, "console-raw", false, "pass the guest's console output to a terminal unfiltered; by default terminal control sequences that could harm the terminal (title and clipboard sets, status reports, mode switches) are dropped (docs/hardening.md)")
 		fs.StringVar(&f.cfg.RunDir, "run-dir", "", "run directory of the CPU claims (tests; default /run/hpcvmm)")
@@ -119,7 +119,8 @@ func newRunCommand() (*command, *runFlags) {
 }
 
 // runFooter is the end of `hpcvmm run --help`: the console keys and the
-// exit statuses, which scripts depend on (README.md has the same).
+// exit statuses, which scripts depend on (README.md and docs/running.md have
+// the same).
 const runFooter = `Under Slurm (srun/sbatch; SLURM_JOB_ID set): --gpu slurm and --vf slurm take the
 step's gpu and nic GRES (SLURM_STEP_GPUS/SLURM_JOB_GPUS indices and
 SLURM_STEP_NICS/SLURM_JOB_NICS device numbers, mapped through gres.conf's

@@ -17,7 +17,12 @@
 // a virtio-net and a virtio-console transfer from KVM's own statistics; the
 // VMM's resident memory beyond guest RAM; the time in VFIO_IOMMU_MAP_DMA and
 // the number of calls to DMA-map 1-4 GiB of guest RAM on each page size, with
-// a device passed through (L1 only, dmamap.go); and, on the host only, the
+// a device passed through (L1 only, dmamap.go); jobs (jobs.go, issues 26
+// and 27): `hpcvmm run --rootfs BUSYBOX -- true` in two parts against QEMU
+// microvm running true from its /init, a guest-side wake-up ping-pong with
+// --cpu-mode dedicated against shared, and, on the host, the initramfs
+// build of a 512 MiB rootfs and its cache hit against find | cpio; and, on
+// the host only, the
 // prefault scaling case (scaling.go): guestmem.New on 16 GiB of 2 MiB and 1
 // GiB pages with 1 up to all of the node's CPUs, beside the machine's write
 // bandwidth. Each case runs -reps times per VMM; the tables give median, min
@@ -99,7 +104,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.memoryMiB, "memory", o.memoryMiB, "guest RAM of the launch case in MiB")
 	fs.StringVar(&o.render, "render", "", "only re-render the Markdown of an earlier bench-*.json to stdout")
 	fs.StringVar(&o.launchPages, "launch-pages", o.launchPages, "guest RAM of the booting cases: 2M (hpcvmm --hugepages 2M, QEMU a prefaulted 2 MiB hugetlb memfd backend) or 4K (hpcvmm --hugepages none, QEMU its default RAM)")
-	cases := fs.String("cases", "", "comma-separated cases to run: launch, defaults, memory, net, console, prefault, dma-map, prefault-scaling (default: all; prefault-scaling alone builds nothing and needs only hugepages)")
+	cases := fs.String("cases", "", "comma-separated cases to run: launch, defaults, memory, net, console, prefault, dma-map, prefault-scaling, job, job-build, pingpong (default: all; prefault-scaling alone builds nothing and needs only hugepages)")
 	fs.IntVar(&o.scaling.gib, "scaling-gib", o.scaling.gib, "prefault-scaling: guest RAM per run in GiB (the case is specified at 16 or more)")
 	fs.IntVar(&o.scaling.node, "scaling-node", o.scaling.node, "prefault-scaling: NUMA node for the RAM and the workers' CPUs (-1: the node of the first CPU this process may use)")
 	fs.IntVar(&o.scaling.rounds, "scaling-rounds", o.scaling.rounds, "prefault-scaling: measured rounds per worker count and page size")
@@ -111,10 +116,10 @@ func parseFlags(args []string) (options, error) {
 	if *cases != "" {
 		for _, c := range strings.Split(*cases, ",") {
 			switch c = strings.TrimSpace(c); c {
-			case caseLaunch, caseDefaults, caseMemory, caseNet, caseConsole, casePrefault, caseDMAMap, casePrefaultScaling:
+			case caseLaunch, caseDefaults, caseMemory, caseNet, caseConsole, casePrefault, caseDMAMap, casePrefaultScaling, caseJob, caseJobBuild, casePingPong:
 				o.cases = append(o.cases, c)
 			default:
-				return o, fmt.Errorf("-cases: unknown case %q: want launch, defaults, memory, net, console, prefault, dma-map or prefault-scaling", c)
+				return o, fmt.Errorf("-cases: unknown case %q: want launch, defaults, memory, net, console, prefault, dma-map, prefault-scaling, job, job-build or pingpong", c)
 			}
 		}
 	}

@@ -20,6 +20,9 @@ const (
 	l1BenchDir   = "/hpcvmm/bench"
 	l1ConfigPath = l1BenchDir + "/config.json"
 	l1GoKVM      = l1BenchDir + "/gokvm"
+	l1JobInitrd  = l1BenchDir + "/job-qemu.cpio" // the job case's QEMU initramfs
+	l1PingPong   = l1BenchDir + "/pingpong"      // tests/guest/pingpong
+	l1Busybox    = "/bin/busybox"                // L1's own (tests/harness)
 	l1QEMU       = "/usr/bin/qemu-system-x86_64"
 	benchTest    = "bench" // the "test" name of the suite's result records
 )
@@ -157,6 +160,11 @@ func outer(ctx context.Context, o options) (*Report, error) {
 	if gokvmErr != nil {
 		cfg.GoKVMError = gokvmErr.Error()
 	}
+	if cfg.wants(caseJob) || cfg.wants(casePingPong) {
+		if err := buildJobArtifacts(benchCache, &cfg); err != nil {
+			return rep, err
+		}
+	}
 	cfg.NetAvailable = netUnavailable(art.HPCVMM)
 	cfg.DMA = dmaUnavailable()
 	rep.Config = cfg
@@ -199,6 +207,18 @@ func outer(ctx context.Context, o options) (*Report, error) {
 		progress("prefault scaling on this host (load %s)", loadavg())
 		runScaling(ctx, o.scaling, sink)
 	}
+	if cfg.wants(caseJobBuild) {
+		progress("job initramfs build on this host (load %s)", loadavg())
+		k, err := harness.FindKernel()
+		if err != nil {
+			sink.note("job-build case: " + err.Error())
+		} else {
+			runJobBuilds(ctx, buildJob{Agent: art.HPCVMM, Release: k.Version, HostModules: filepath.Dir(k.Modules), Reps: o.reps, Where: whereHost}, benchCache, sink)
+		}
+		if len(o.cases) == 1 {
+			return rep, nil // nothing of it runs in L1
+		}
+	}
 
 	switch where {
 	case whereHost:
@@ -222,6 +242,16 @@ func runInL1(ctx context.Context, o options, art harness.L1Artifacts, inner stri
 	l1.Initrd = "/hpcvmm/l2/initrd.cpio.gz"
 	l1.HPCVMM = "/hpcvmm/bin/hpcvmm"
 	l1.QEMU = l1QEMU
+	l1.Busybox = l1Busybox
+	if cfg.JobQEMUInitrd != "" {
+		l1.JobQEMUInitrd = l1JobInitrd
+	}
+	if cfg.PingPong != "" {
+		l1.PingPong = l1PingPong
+	}
+	// The job cases: a warm-up and 2 runs per rep, and 2 pinger runs
+	// per rep, of 10-20 s each in L1.
+	l1.JobSec = 60 * (1 + o.reps)
 	if cfg.GoKVM != "" {
 		l1.GoKVM = l1GoKVM
 	}
@@ -301,6 +331,19 @@ func bootL1Once(ctx context.Context, art harness.L1Artifacts, inner string, cfg,
 		SoftLockup: time.Minute,
 		Extra: func(im *harness.Image) error {
 			im.AddBytes(l1ConfigPath, cfgJSON, 0o644)
+			if l1.wants(caseJob) || l1.wants(casePingPong) {
+				// What hpcvmm run --rootfs takes from the host for the
+				// guest: its kernel's modules.
+				if err := harness.AddJobModules(im); err != nil {
+					return err
+				}
+			}
+			if cfg.JobQEMUInitrd != "" {
+				im.AddFile(l1JobInitrd, cfg.JobQEMUInitrd, 0o644)
+			}
+			if cfg.PingPong != "" {
+				im.AddFile(l1PingPong, cfg.PingPong, 0o755)
+			}
 			if cfg.GoKVM != "" {
 				im.AddFile(l1GoKVM, cfg.GoKVM, 0o755)
 			}
@@ -509,4 +552,43 @@ func raiseHugepages(n int) (restore func() error, err error) {
 		return nil, fmt.Errorf("raising %s from %d by %d: %w (needs root)", p, old, n, err)
 	}
 	return func() error { return os.WriteFile(p, []byte(strconv.Itoa(old)), 0o644) }, nil
+}
+
+// buildJobArtifacts builds what the job cases need on this host: the QEMU
+// peer's initramfs (busybox and an /init that prints the marker, runs
+// true and powers off) and the static pinger (gcc -static: it runs on a
+// busybox rootfs with no libc). A pinger that does not build only costs
+// the pingpong case (noted); the QEMU initramfs is required.
+func buildJobArtifacts(dir string, cfg *Config) error {
+	bb := ""
+	for _, p := range []string{"/bin/busybox", "/usr/bin/busybox"} {
+		if fileExists(p) {
+			bb = p
+			break
+		}
+	}
+	if bb == "" {
+		return fmt.Errorf("job cases: busybox not found: run tests/setup.sh (installs busybox-static)")
+	}
+	cfg.Busybox = bb
+	im := harness.NewImage()
+	im.AddFile("/bin/busybox", bb, 0o755)
+	im.AddBytes("/init", []byte(qemuJobInit), 0o755)
+	out := filepath.Join(dir, "job-qemu.cpio")
+	if _, err := im.Build(out, false); err != nil {
+		return fmt.Errorf("job cases: QEMU's initramfs: %w", err)
+	}
+	cfg.JobQEMUInitrd = out
+	root, err := harness.ModuleRoot()
+	if err != nil {
+		return err
+	}
+	pp := filepath.Join(dir, "pingpong")
+	b, err := exec.Command("gcc", "-static", "-O2", "-Wall", "-o", pp, filepath.Join(root, "tests/guest/pingpong/pingpong.c")).CombinedOutput()
+	if err != nil {
+		cfg.PingPongError = fmt.Sprintf("gcc -static tests/guest/pingpong/pingpong.c: %v: %s", err, strings.TrimSpace(string(b)))
+		return nil
+	}
+	cfg.PingPong = pp
+	return nil
 }

@@ -74,6 +74,23 @@ func renderMarkdown(rep *Report) string {
 		return b.String()
 	}
 	l1Where := "L1 (emulated: TCG L1, nested KVM; only ratios are meaningful)"
+	if jobOnly(rep.Config.Cases) {
+		where := whereL1
+		if rep.Config.Where == whereHost {
+			where, l1Where = whereHost, "host"
+		}
+		fmt.Fprintf(&b, "Run %s (%s) on %s; load average %s at the start, %s at the end (host, %s CPUs shared with other work).\n",
+			rep.Started.Format("2006-01-02 15:04 MST"), rep.Duration, orUnknown(rep.Host["cpu_model"]),
+			orUnknown(rep.Host["load_start"]), orUnknown(rep.Host["load_end"]), orUnknown(rep.Host["cpus"]))
+		if len(rep.L1) > 0 {
+			fmt.Fprintf(&b, "L1: %s vCPUs, kernel %s, QEMU %s; load average in L1 %s at the start, %s at the end.\n",
+				orUnknown(rep.L1["cpus"]), orUnknown(rep.L1["kernel"]), orUnknown(strings.TrimPrefix(rep.L1["qemu_version"], "QEMU emulator version ")),
+				orUnknown(rep.L1["load_start"]), orUnknown(rep.L1["load_end"]))
+		}
+		b.WriteString(renderJobs(rep, ix, where, l1Where))
+		writeNotes(&b, rep)
+		return b.String()
+	}
 	fmt.Fprintf(&b, "Run %s (%s) on %s; load average %s at the start, %s at the end (host, %s CPUs shared with other work).\n",
 		rep.Started.Format("2006-01-02 15:04 MST"), rep.Duration, orUnknown(rep.Host["cpu_model"]),
 		orUnknown(rep.Host["load_start"]), orUnknown(rep.Host["load_end"]), orUnknown(rep.Host["cpus"]))
@@ -247,6 +264,9 @@ func renderMarkdown(rep *Report) string {
 
 	// 8. VFIO DMA map of guest RAM.
 	b.WriteString(renderDMAMap(rep, ix, where, l1Where))
+
+	// 8b. Jobs: hpcvmm run --rootfs -- COMMAND, CPU modes, initramfs build.
+	b.WriteString(renderJobs(rep, ix, where, l1Where))
 
 	// 9. Everything else the suite noted (skipped cases, failures).
 	writeNotes(&b, rep)

@@ -16,44 +16,49 @@ import (
 // Config is what one run of the suite does, on the host or inside L1 (where
 // it arrives as /hpcvmm/bench/config.json).
 type Config struct {
-	Where        string          `json:"where"`                 // whereL1 or whereHost
-	Reps         int             `json:"reps"`                  // runs per case and VMM
-	BudgetSec    int             `json:"budget_s"`              // the whole suite's time limit
-	PrefaultSec  int             `json:"prefault_s"`            // time kept for the prefault cases
-	VMTimeout    time.Duration   `json:"vm_timeout_ns"`         // one boot's limit
-	VMStall      time.Duration   `json:"vm_stall_ns"`           // a boot whose console is silent this long is stuck
-	PrefaultReps int             `json:"prefault_reps"`         // runs per prefault case and VMM
-	WarmUpMiB    int             `json:"warm_up_mib"`           // 4 KiB memory touched once before the launches
-	Kernel       string          `json:"kernel"`                // the L2 kernel: Debian's stock bzImage
-	Initrd       string          `json:"initrd"`                // the L2 initramfs (tests/guest/init)
-	Cmdline      string          `json:"cmdline"`               // the L2 kernel command line, the same for every VMM
-	MemoryMiB    int             `json:"memory_mib"`            // L2 RAM
-	HPCVMM       string          `json:"hpcvmm"`                // static hpcvmm
-	QEMU         string          `json:"qemu"`                  // qemu-system-x86_64
-	GoKVM        string          `json:"gokvm"`                 // gokvm, empty when it did not build
-	GoKVMError   string          `json:"gokvm_error"`           // why gokvm is missing
-	VMMs         []string        `json:"vmms"`                  // launch case VMMs, hpcvmm first
-	Last         []string        `json:"last"`                  // VMMs whose launches run at the very end
-	LastSec      int             `json:"last_s"`                // time kept for them
-	Prefault     []PrefaultSpec  `json:"prefault"`              // prefault cases
-	QEMUAccel    string          `json:"qemu_accel"`            // accelerator for QEMU's machine-less prefault runs
-	NetAvailable string          `json:"net_available"`         // "" or why the virtio-net case cannot run
-	NetMiB       int             `json:"net_mib"`               // bytes each way per network run
-	NetReps      int             `json:"net_reps"`              // runs per network configuration
-	NetSec       int             `json:"net_s"`                 // time kept for the network case
-	NetTimeout   time.Duration   `json:"net_timeout_ns"`        // one network run's limit
-	DMA          string          `json:"dma_unavailable"`       // why the VFIO DMA-map case cannot run
-	DMAMap       DMAMapConfig    `json:"dma_map"`               // the VFIO DMA-map case (dmamap.go)
-	LaunchPages  string          `json:"launch_pages"`          // guest RAM of the booting cases: pages2M or pages4K ("": 4K, older reports)
-	ConsoleReps  int             `json:"console_reps"`          // runs per VMM of the virtio-console case
-	ConsoleSec   int             `json:"console_s"`             // time kept for the console case
-	ConsoleLimit time.Duration   `json:"console_timeout_ns"`    // one console run's limit
-	DefaultsSec  int             `json:"defaults_s"`            // time kept for the defaults case
-	MemorySec    int             `json:"memory_s"`              // time kept for the VMM-memory case
-	Cases        []string        `json:"cases"`                 // which cases run: launch, defaults, memory, net, console, prefault, dma-map
-	Done         map[string]bool `json:"done,omitempty"`        // samples an earlier L1 boot already took (sampleKey)
-	FailedVMMs   map[string]bool `json:"failed,omitempty"`      // case|VMM pairs that failed in an earlier L1 boot
-	FailedRuns   map[string]int  `json:"failed_runs,omitempty"` // how many runs of each case|VMM failed there
+	Where         string          `json:"where"`                     // whereL1 or whereHost
+	Reps          int             `json:"reps"`                      // runs per case and VMM
+	BudgetSec     int             `json:"budget_s"`                  // the whole suite's time limit
+	PrefaultSec   int             `json:"prefault_s"`                // time kept for the prefault cases
+	VMTimeout     time.Duration   `json:"vm_timeout_ns"`             // one boot's limit
+	VMStall       time.Duration   `json:"vm_stall_ns"`               // a boot whose console is silent this long is stuck
+	PrefaultReps  int             `json:"prefault_reps"`             // runs per prefault case and VMM
+	WarmUpMiB     int             `json:"warm_up_mib"`               // 4 KiB memory touched once before the launches
+	Kernel        string          `json:"kernel"`                    // the L2 kernel: Debian's stock bzImage
+	Initrd        string          `json:"initrd"`                    // the L2 initramfs (tests/guest/init)
+	Cmdline       string          `json:"cmdline"`                   // the L2 kernel command line, the same for every VMM
+	MemoryMiB     int             `json:"memory_mib"`                // L2 RAM
+	HPCVMM        string          `json:"hpcvmm"`                    // static hpcvmm
+	QEMU          string          `json:"qemu"`                      // qemu-system-x86_64
+	GoKVM         string          `json:"gokvm"`                     // gokvm, empty when it did not build
+	GoKVMError    string          `json:"gokvm_error"`               // why gokvm is missing
+	VMMs          []string        `json:"vmms"`                      // launch case VMMs, hpcvmm first
+	Last          []string        `json:"last"`                      // VMMs whose launches run at the very end
+	LastSec       int             `json:"last_s"`                    // time kept for them
+	Prefault      []PrefaultSpec  `json:"prefault"`                  // prefault cases
+	QEMUAccel     string          `json:"qemu_accel"`                // accelerator for QEMU's machine-less prefault runs
+	NetAvailable  string          `json:"net_available"`             // "" or why the virtio-net case cannot run
+	NetMiB        int             `json:"net_mib"`                   // bytes each way per network run
+	NetReps       int             `json:"net_reps"`                  // runs per network configuration
+	NetSec        int             `json:"net_s"`                     // time kept for the network case
+	NetTimeout    time.Duration   `json:"net_timeout_ns"`            // one network run's limit
+	DMA           string          `json:"dma_unavailable"`           // why the VFIO DMA-map case cannot run
+	DMAMap        DMAMapConfig    `json:"dma_map"`                   // the VFIO DMA-map case (dmamap.go)
+	LaunchPages   string          `json:"launch_pages"`              // guest RAM of the booting cases: pages2M or pages4K ("": 4K, older reports)
+	ConsoleReps   int             `json:"console_reps"`              // runs per VMM of the virtio-console case
+	ConsoleSec    int             `json:"console_s"`                 // time kept for the console case
+	ConsoleLimit  time.Duration   `json:"console_timeout_ns"`        // one console run's limit
+	DefaultsSec   int             `json:"defaults_s"`                // time kept for the defaults case
+	MemorySec     int             `json:"memory_s"`                  // time kept for the VMM-memory case
+	Cases         []string        `json:"cases"`                     // which cases run: launch, defaults, memory, net, console, prefault, dma-map, job, job-build, pingpong
+	Busybox       string          `json:"busybox,omitempty"`         // static busybox for the job cases' rootfs
+	JobQEMUInitrd string          `json:"job_qemu_initrd,omitempty"` // the job case's QEMU initramfs (/init: true, poweroff)
+	PingPong      string          `json:"pingpong,omitempty"`        // the static pinger (tests/guest/pingpong)
+	PingPongError string          `json:"pingpong_error,omitempty"`  // why it is missing
+	JobSec        int             `json:"job_s,omitempty"`           // time kept for the job and pingpong cases
+	Done          map[string]bool `json:"done,omitempty"`            // samples an earlier L1 boot already took (sampleKey)
+	FailedVMMs    map[string]bool `json:"failed,omitempty"`          // case|VMM pairs that failed in an earlier L1 boot
+	FailedRuns    map[string]int  `json:"failed_runs,omitempty"`     // how many runs of each case|VMM failed there
 }
 
 // sink receives the suite's output as it is produced: inside L1 each piece
@@ -74,7 +79,8 @@ func runSuite(ctx context.Context, cfg Config, out sink) {
 	defer cancel()
 	out.env(describeEnv(cfg))
 
-	if cfg.WarmUpMiB > 0 && (cfg.wants(caseLaunch) || cfg.wants(caseDefaults) || cfg.wants(caseMemory) || cfg.wants(caseNet) || cfg.wants(caseConsole)) {
+	if cfg.WarmUpMiB > 0 && (cfg.wants(caseLaunch) || cfg.wants(caseDefaults) || cfg.wants(caseMemory) || cfg.wants(caseNet) || cfg.wants(caseConsole) ||
+		cfg.wants(caseJob) || cfg.wants(casePingPong)) {
 		warmUp(cfg, out)
 		if cfg.launchPages() == pages2M {
 			warmUpHugepages(cfg, out)
@@ -105,8 +111,12 @@ func runSuite(ctx context.Context, cfg Config, out sink) {
 	if cfg.wants(caseMemory) {
 		memoryReserve = time.Duration(cfg.MemorySec) * time.Second
 	}
+	var jobReserve time.Duration
+	if cfg.wants(caseJob) || cfg.wants(casePingPong) {
+		jobReserve = time.Duration(cfg.JobSec) * time.Second
+	}
 	lastOnly := time.Duration(cfg.LastSec) * time.Second
-	if kept := fitReserves(time.Until(deadline), &defaultsReserve, &memoryReserve, &prefaultReserve, &netReserve, &dmaReserve, &consoleReserve, &lastOnly); kept < 1 {
+	if kept := fitReserves(time.Until(deadline), &defaultsReserve, &memoryReserve, &prefaultReserve, &netReserve, &dmaReserve, &consoleReserve, &jobReserve, &lastOnly); kept < 1 {
 		out.note(fmt.Sprintf("time budget %v: each later case keeps %.0f%% of its usual share", time.Until(deadline).Round(time.Second), 100*kept))
 	}
 	lastReserve := lastOnly + dmaReserve
@@ -118,17 +128,17 @@ func runSuite(ctx context.Context, cfg Config, out sink) {
 	if canBoot && cfg.wants(caseLaunch) {
 		c := cfg
 		c.VMMs = first
-		runLaunches(ctx, c, deadline.Add(-defaultsReserve-memoryReserve-prefaultReserve-netReserve-consoleReserve-lastReserve), out)
+		runLaunches(ctx, c, deadline.Add(-defaultsReserve-memoryReserve-prefaultReserve-netReserve-consoleReserve-jobReserve-lastReserve), out)
 	} else if cfg.wants(caseLaunch) {
 		out.note("launch cases: skipped on this host (no usable hardware /dev/kvm; they run inside L1)")
 	}
 	if canBoot && cfg.wants(caseMemory) {
-		mctx, mcancel := context.WithDeadline(ctx, deadline.Add(-defaultsReserve-prefaultReserve-netReserve-consoleReserve-lastReserve))
+		mctx, mcancel := context.WithDeadline(ctx, deadline.Add(-defaultsReserve-prefaultReserve-netReserve-consoleReserve-jobReserve-lastReserve))
 		runMemory(mctx, cfg, out)
 		mcancel()
 	}
 	if canBoot && cfg.wants(caseDefaults) {
-		dctx, dcancel := context.WithDeadline(ctx, deadline.Add(-prefaultReserve-netReserve-consoleReserve-lastReserve))
+		dctx, dcancel := context.WithDeadline(ctx, deadline.Add(-prefaultReserve-netReserve-consoleReserve-jobReserve-lastReserve))
 		runDefaults(dctx, cfg, out)
 		dcancel()
 	}
@@ -137,14 +147,26 @@ func runSuite(ctx context.Context, cfg Config, out sink) {
 	case cfg.NetAvailable != "":
 		out.note("virtio-net throughput: not yet available: " + cfg.NetAvailable)
 	case canBoot && cfg.NetMiB > 0 && cfg.NetReps > 0:
-		nctx, ncancel := context.WithDeadline(ctx, deadline.Add(-prefaultReserve-consoleReserve-lastReserve))
+		nctx, ncancel := context.WithDeadline(ctx, deadline.Add(-prefaultReserve-consoleReserve-jobReserve-lastReserve))
 		runNets(nctx, cfg, out)
 		ncancel()
 	}
 	if canBoot && cfg.wants(caseConsole) && cfg.ConsoleReps > 0 {
-		cctx, ccancel := context.WithDeadline(ctx, deadline.Add(-prefaultReserve-lastReserve))
+		cctx, ccancel := context.WithDeadline(ctx, deadline.Add(-prefaultReserve-jobReserve-lastReserve))
 		runConsoles(cctx, cfg, out)
 		ccancel()
+	}
+	if canBoot && (cfg.wants(caseJob) || cfg.wants(casePingPong)) {
+		jctx, jcancel := context.WithDeadline(ctx, deadline.Add(-prefaultReserve-lastReserve))
+		if cfg.wants(caseJob) {
+			runJobs(jctx, cfg, out)
+		}
+		if cfg.wants(casePingPong) {
+			runPingPongs(jctx, cfg, out)
+		}
+		jcancel()
+	} else if cfg.wants(caseJob) || cfg.wants(casePingPong) {
+		out.note("job and pingpong cases: skipped on this host (no usable hardware /dev/kvm; they run inside L1)")
 	}
 	if cfg.wants(casePrefault) {
 		pctx, pcancel := context.WithDeadline(ctx, deadline.Add(-lastReserve))

@@ -44,7 +44,7 @@ var ProfileJobs = func() Profile {
 }()
 
 func addJobFiles(im *Image) error {
-	if err := addJobModules(im); err != nil {
+	if err := AddJobModules(im); err != nil {
 		return err
 	}
 	cache, err := CacheDir()
@@ -58,10 +58,11 @@ func addJobFiles(im *Image) error {
 	return addTree(im, deb, JobsDebianRoot)
 }
 
-// addJobModules puts the job guest's modules and the kernel's module
-// indexes in L1's /lib/modules, where hpcvmm run --rootfs finds the host's
-// modules.
-func addJobModules(im *Image) error {
+// AddJobModules puts in an L1 image what `hpcvmm run --rootfs` takes from
+// the host for the job guest's initramfs: the guest kernel's module
+// indexes and the modules a job guest loads, where the distribution
+// installs them (the jobs profile, and the bench's job cases).
+func AddJobModules(im *Image) error {
 	k, err := FindKernel()
 	if err != nil {
 		return err

@@ -47,7 +47,7 @@ var ProfileSlurm = func() Profile {
 			return err
 		}
 		// The MPI scenarios run jobs (hpcvmm run --rootfs) on both nodes.
-		if err := addJobModules(im); err != nil {
+		if err := AddJobModules(im); err != nil {
 			return err
 		}
 		return addMPIFiles(im)
