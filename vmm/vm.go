@@ -106,12 +106,13 @@ type VM struct {
 }
 
 // New validates cfg, checks the host, and builds the VM without running
-// it, in three steps: checkInput (the Config, the kernel and initrd files
-// and whether they fit the guest), checkHost (placement, CPU mode, the
-// preflight checks) and build (KVM, vCPUs, guest RAM, devices, the
-// kernel). Every check that can fail on user input happens before guest
-// RAM is reserved or a KVM VM exists; on any error everything acquired so
-// far is released.
+// it. After Config.Validate and checkHostFirst (the sizes against what
+// this host could ever give), it runs three steps: checkInput (the kernel
+// and initrd files and whether they fit the guest), checkHost (placement,
+// CPU mode, topology, the preflight checks) and build (KVM, vCPUs, guest
+// RAM, devices, the kernel). Every check that can fail on user input
+// happens before guest RAM is reserved or a KVM VM exists; on any error
+// everything acquired so far is released.
 func New(cfg Config) (_ *VM, err error) {
 	start := cfg.StartTime
 	if start.IsZero() {
@@ -149,11 +150,11 @@ func New(cfg Config) (_ *VM, err error) {
 	if err != nil {
 		return nil, err
 	}
-	h, err := vm.checkHost(tl)
+	roots, err := vm.checkHost(tl)
 	if err != nil {
 		return nil, err
 	}
-	if err := vm.build(tl, h, in); err != nil {
+	if err := vm.build(tl, roots, in); err != nil {
 		return nil, err
 	}
 	tl.summary()
