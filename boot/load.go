@@ -253,29 +253,81 @@ func Load(mem Memory, p Params) (CPUState, error) {
 
 // Check runs Load's placement checks (kernel, initrd, command line, memory
 // map) for a guest with the given RAM without touching guest memory, so a
-// VMM can reject an initrd that cannot fit before it reserves any RAM.
+// VMM can reject an initrd that cannot fit before it reserves any RAM. Its
+// error is a *CheckError naming the input that does not fit.
 func Check(p Params, initrdSize uint64) error {
 	if p.Kernel == nil {
-		return fmt.Errorf("boot: check: no kernel: parse one with ParseBzImage")
+		return &CheckError{Input: InputKernel, Err: fmt.Errorf("boot: check: no kernel: parse one with ParseBzImage")}
 	}
 	lowEnd, err := validateRAM(p.RAM)
 	if err != nil {
-		return err
+		return &CheckError{Input: InputRAM, Err: err}
 	}
 	_, kernelEnd, err := placeKernel(p.Kernel, lowEnd)
 	if err != nil {
-		return err
+		return &CheckError{Input: InputKernel, Err: err}
 	}
 	if err := checkCmdline(p.Cmdline, p.Kernel.CmdlineSize); err != nil {
-		return err
+		return &CheckError{Input: InputCmdline, Err: err}
 	}
 	if initrdSize > 0 {
 		if _, err := placeInitrd(initrdSize, p.Kernel.InitrdAddrMax, lowEnd, kernelEnd); err != nil {
-			return err
+			return &CheckError{Input: InputInitrd, Err: err}
 		}
 	}
-	return validateFirmwareTables(p)
+	if err := validateFirmwareTables(p); err != nil {
+		return &CheckError{Input: InputFirmwareTables, Err: err}
+	}
+	return nil
 }
+
+// Input names what Check found not to fit, so a caller can point its user
+// at its own setting for it without reading the message.
+type Input int
+
+// The inputs Check checks.
+const (
+	// InputKernel: Params.Kernel is missing or does not fit in low RAM.
+	InputKernel Input = iota + 1
+	// InputInitrd: the initrd does not fit between the kernel and
+	// initrd_addr_max or the end of low RAM.
+	InputInitrd
+	// InputCmdline: Params.Cmdline is too long or has a NUL byte.
+	InputCmdline
+	// InputRAM: Params.RAM is not a usable layout.
+	InputRAM
+	// InputFirmwareTables: Params.ACPI or the MP table do not fit.
+	InputFirmwareTables
+)
+
+// String names the input as Params does.
+func (i Input) String() string {
+	switch i {
+	case InputKernel:
+		return "kernel"
+	case InputInitrd:
+		return "initrd"
+	case InputCmdline:
+		return "command line"
+	case InputRAM:
+		return "RAM"
+	case InputFirmwareTables:
+		return "firmware tables"
+	}
+	return fmt.Sprintf("boot.Input(%d)", int(i))
+}
+
+// CheckError is Check's error: Input says what does not fit, Err says why
+// (its message is the error's).
+type CheckError struct {
+	Input Input
+	Err   error
+}
+
+func (e *CheckError) Error() string { return e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *CheckError) Unwrap() error { return e.Err }
 
 // placeKernel picks the load address and returns it with the end of the
 // memory the kernel may touch before it reads the e820 map. A vmlinux

@@ -3,6 +3,7 @@ package boot
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -388,4 +389,36 @@ func TestCheckAgreesWithLoad(t *testing.T) {
 	}
 	assert.ErrorContains(t, Check(Params{Kernel: k, RAM: []RAMRange{{0, 16 << 20}}, CPUs: 1}, 0), "kernel does not fit")
 	assert.ErrorContains(t, Check(Params{RAM: ram, CPUs: 1}, 0), "no kernel")
+}
+
+// TestCheckErrorNamesTheInput shows each of Check's refusals carries the
+// input that does not fit, so callers map it to their own setting without
+// reading the message.
+func TestCheckErrorNamesTheInput(t *testing.T) {
+	k := synthKernel(t, nil)
+	ram := []RAMRange{{0, testRAM}}
+	for _, tc := range []struct {
+		name       string
+		p          Params
+		initrdSize uint64
+		want       Input
+		wantMsg    string
+	}{
+		{"no kernel", Params{RAM: ram, CPUs: 1}, 0, InputKernel, "no kernel"},
+		{"kernel too big", Params{Kernel: k, RAM: []RAMRange{{0, 16 << 20}}, CPUs: 1}, 0, InputKernel, "kernel does not fit"},
+		{"empty RAM", Params{Kernel: k, CPUs: 1}, 0, InputRAM, "RAM layout is empty"},
+		{"long command line", Params{Kernel: k, RAM: ram, CPUs: 1, Cmdline: strings.Repeat("x", int(k.CmdlineSize)+1)}, 0, InputCmdline, "command line is"},
+		{"initrd too big", Params{Kernel: k, RAM: ram, CPUs: 1}, 65 << 20, InputInitrd, "initrd of"},
+		{"misplaced RSDP", Params{Kernel: k, RAM: ram, CPUs: 1, ACPI: &ACPI{RSDPAddr: ACPIAreaStart + 1}}, 0, InputFirmwareTables, "RSDP"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := Check(tc.p, tc.initrdSize)
+			var ce *CheckError
+			require.True(t, errors.As(err, &ce), "Check: %v (%T), want a *CheckError", err, err)
+			assert.Equal(t, tc.want, ce.Input, "input of %q", err)
+			assert.ErrorContains(t, err, tc.wantMsg)
+			assert.Equal(t, ce.Err.Error(), err.Error(), "the message is the cause's")
+		})
+	}
+	assert.NoError(t, Check(Params{Kernel: k, RAM: ram, CPUs: 1}, 4096))
 }

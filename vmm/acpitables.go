@@ -30,7 +30,7 @@ func (vm *VM) acpiPlatform(w addrspace.Windows) acpi.Platform {
 			// Only the buses that exist (pci.Root.LastBus says why); the
 			// e820 reservation still covers all of ECAM, so the guest
 			// never places anything in the rest.
-			ECAMBase: addrspace.ECAMBase, BusStart: 0, BusEnd: vm.pci.LastBus(),
+			ECAMBase: addrspace.ECAMBase, BusStart: 0, BusEnd: vm.dev.pci.LastBus(),
 			IO:     acpi.Window{Base: w.IO.GPA, Size: w.IO.Size},
 			MMIO32: acpi.Window{Base: w.Mem32.GPA, Size: w.Mem32.Size},
 			MMIO64: acpi.Window{Base: w.Mem64.GPA, Size: w.Mem64.Size},

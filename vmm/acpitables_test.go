@@ -16,8 +16,8 @@ import (
 // Declaring 0-255 made Linux probe every slot of 255 empty buses.
 func TestACPIBusRangeEndsAtTheLastBus(t *testing.T) {
 	var mmio, pio bus.Bus
-	vm := &VM{cfg: Config{Memory: 512 << 20}, pci: pci.NewRoot(pci.RootConfig{MMIO: &mmio, PIO: &pio})}
-	require.NoError(t, vm.pci.AssignBuses())
+	vm := &VM{cfg: Config{Memory: 512 << 20}, dev: devices{pci: pci.NewRoot(pci.RootConfig{MMIO: &mmio, PIO: &pio})}}
+	require.NoError(t, vm.dev.pci.AssignBuses())
 	w, err := addrspace.NewWindows(vm.cfg.Memory, 46)
 	require.NoError(t, err)
 	p := vm.acpiPlatform(w)
@@ -26,7 +26,7 @@ func TestACPIBusRangeEndsAtTheLastBus(t *testing.T) {
 
 	port, err := pci.NewBridge(pci.BridgeConfig{Type: pci.RootPort, Link: pci.Link{Speed: 4, Width: 16}})
 	require.NoError(t, err)
-	require.NoError(t, vm.pci.AddDevice(10, "root port", port))
-	require.NoError(t, vm.pci.AssignBuses())
+	require.NoError(t, vm.dev.pci.AddDevice(10, "root port", port))
+	require.NoError(t, vm.dev.pci.AssignBuses())
 	assert.Equal(t, uint8(1), vm.acpiPlatform(w).PCI.BusEnd, "one root port: buses 0-1")
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/hpcvmm/hpcvmm/uapi"
 )
 
-// New's steps once the input and the host have been checked. Each stores
+// New's build step, once the input and the host have been checked. Each stores
 // what it acquires in the VM as soon as it has it, so VM.Close (New's
 // unwinding) releases it on any later failure.
 
@@ -69,13 +69,14 @@ func (vm *VM) requestGuestXSAVE() {
 	}
 }
 
-// build runs the steps from the KVM VM to the devices on the PCI bus. The
-// long steps that do not depend on each other overlap, so the time to the
-// first KVM_RUN approaches the longest branch rather than the sum of the
-// steps:
+// build is New's third step, once the input and the host have been
+// checked: it opens KVM, runs the steps from the KVM VM to the devices on
+// the PCI bus, and loads the kernel. The long steps that do not depend on
+// each other overlap, so the time to the first KVM_RUN approaches the
+// longest branch rather than the sum of the steps:
 //
-//	KVM VM → vCPUs → ┬ guest RAM (prefault) ─────────────────────────────┬→ RAM memslots → devices → (load kernel)
-//	                 └ bind devices → VFIO open and reset (per device) → DMA-map guest RAM ┘
+//	open KVM → KVM VM → vCPUs → ┬ guest RAM (prefault) ─────────────────────────────┬→ RAM memslots → devices → (load kernel)
+//	                            └ bind devices → VFIO open and reset (per device) → DMA-map guest RAM ┘
 //
 // The KVM VM and its vCPUs come first, before the prefault rather than
 // beside it: creating the VM registers an MMU notifier and each vCPU maps
@@ -88,7 +89,10 @@ func (vm *VM) requestGuestXSAVE() {
 // opened (the kernel hands the VM to the device's driver at open, as QEMU
 // orders it); DMA mapping pins guest RAM, so it waits for the prefault,
 // whose NUMA binding must come before the first touch.
-func (vm *VM) build(tl *timeline, sysRoot, procRoot string) error {
+func (vm *VM) build(tl *timeline, roots hostRoots, in *bootInput) error {
+	if err := tl.run("open KVM", vm.openKVM); err != nil {
+		return err
+	}
 	if err := tl.run("KVM VM", vm.createKVMVM); err != nil {
 		return err
 	}
@@ -102,10 +106,10 @@ func (vm *VM) build(tl *timeline, sysRoot, procRoot string) error {
 			return tl.run("guest RAM", vm.setUpRAM)
 		},
 		func() error {
-			if err := tl.run("bind devices", func() error { return vm.prepareHostDevices(sysRoot, procRoot) }); err != nil {
+			if err := tl.run("bind devices", func() error { return vm.prepareHostDevices(roots.sysRoot, roots.procRoot) }); err != nil {
 				return err
 			}
-			if vm.pt == nil {
+			if vm.dev.pt == nil {
 				return nil
 			}
 			if err := vm.openPassthrough(tl); err != nil {
@@ -123,7 +127,16 @@ func (vm *VM) build(tl *timeline, sysRoot, procRoot string) error {
 	if err := tl.run("RAM memslots", vm.addRAMSlots); err != nil {
 		return err
 	}
-	return tl.run("devices", vm.addDevices)
+	if err := tl.run("devices", vm.addDevices); err != nil {
+		return err
+	}
+	return tl.run("load kernel", func() error {
+		kernel, err := in.kernel.wait()
+		if err != nil {
+			return err
+		}
+		return vm.loadKernel(kernel, in.initrd, in.ram)
+	})
 }
 
 // setUpRAM reserves, binds and prefaults guest RAM before anything maps
@@ -209,7 +222,7 @@ func (vm *VM) addRAMSlots() error {
 			return err
 		}
 	}
-	vm.slots = &memslots{vm: vm.vm, next: uint32(len(vm.mem.Regions()))}
+	vm.dev.slots = &memslots{vm: vm.vm, next: uint32(len(vm.mem.Regions()))}
 	return nil
 }
 
@@ -223,18 +236,6 @@ func (vm *VM) prepareHostDevices(sysRoot, procRoot string) error {
 		return err
 	}
 	return vm.setVFIdentities(sysRoot, procRoot)
-}
-
-// addDevices wires the platform devices and the PCI bus with every device
-// on it, and writes the NCCL topology file.
-func (vm *VM) addDevices() error {
-	if err := vm.addPlatformDevices(); err != nil {
-		return err
-	}
-	if err := vm.addPCI(physAddrBits(vm.supported)); err != nil {
-		return fmt.Errorf("PCI: %w", err)
-	}
-	return vm.writeNCCLTopology(vm.supported)
 }
 
 // loadKernel writes the kernel, initrd, command line, zero page and ACPI

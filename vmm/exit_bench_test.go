@@ -44,8 +44,8 @@ func BenchmarkExitDispatch(b *testing.B) {
 	require.NoError(b, c.SetRegs(uapi.Regs{RIP: 0x1000, RFLAGS: 2}))
 
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	vm := &VM{log: log, unhandledPIO: platform.NewUnhandled(log, "port I/O"), unhandledMMIO: platform.NewUnhandled(log, "MMIO")}
-	require.NoError(b, vm.pio.Register(serialBase, 8, "serial0", platform.NewSerial(os.Stdout, nil)))
+	vm := &VM{log: log, dev: devices{unhandledPIO: platform.NewUnhandled(log, "port I/O"), unhandledMMIO: platform.NewUnhandled(log, "MMIO")}}
+	require.NoError(b, vm.dev.pio.Register(serialBase, 8, "serial0", platform.NewSerial(os.Stdout, nil)))
 	v := &vcpu{cpu: c, run: c.RunData(), vm: vm}
 
 	b.ReportAllocs()

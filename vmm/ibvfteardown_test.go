@@ -65,11 +65,11 @@ func ibvfTeardownChild(dir string) error {
 	vm := &VM{
 		cfg: Config{Seccomp: SeccompOn},
 		log: slog.New(slog.NewTextHandler(os.Stdout, nil)),
-		pt:  &passthrough{ib: []*ibvf.Target{{VF: vf, PF: host.BDF{Bus: 0x41}, Netdev: "ib0", Index: 2}}},
+		dev: devices{pt: &passthrough{ib: []*ibvf.Target{{VF: vf, PF: host.BDF{Bus: 0x41}, Netdev: "ib0", Index: 2}}}},
 	}
-	vm.pt.specs = make([]vfio.Spec, 1)
-	vm.pt.specs[0].BDF, vm.pt.specs[0].IB = vf, s
-	if err := vm.pt.openJournal(filepath.Join(dir, "state"), filepath.Join(dir, "sys"), "/proc"); err != nil {
+	vm.dev.pt.specs = make([]vfio.Spec, 1)
+	vm.dev.pt.specs[0].BDF, vm.dev.pt.specs[0].IB = vf, s
+	if err := vm.dev.pt.openJournal(filepath.Join(dir, "state"), filepath.Join(dir, "sys"), "/proc"); err != nil {
 		return err
 	}
 	// Setup reads the VF before changing it: the veth reports none, so
@@ -80,13 +80,13 @@ func ibvfTeardownChild(dir string) error {
 		return err
 	}
 	fmt.Println("RESULT filter=on")
-	nl := vm.pt.rtnl
+	nl := vm.dev.pt.rtnl
 	_, err = nl.Identity("ib0", 2)
 	fmt.Printf("RESULT getlink=%s\n", kernelAnswer(err))
 	err = nl.SetPortGUID("ib0", 2, 0x02aabbccddeeff00)
 	fmt.Printf("RESULT setlink=%s\n", kernelAnswer(err))
 	err = vm.restoreHost()
-	fmt.Printf("RESULT restore=%s closed=%v\n", kernelAnswer(err), vm.pt.rtnl == nil)
+	fmt.Printf("RESULT restore=%s closed=%v\n", kernelAnswer(err), vm.dev.pt.rtnl == nil)
 	return nil
 }
 

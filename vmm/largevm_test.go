@@ -66,8 +66,8 @@ func TestVMBeyond254VCPUs(t *testing.T) {
 				top := largeTopology(t, n, layout)
 				var mmio, pio bus.Bus
 				vm := &VM{cfg: Config{Memory: 1 << 30, CPUs: n}, topology: top,
-					pci: pci.NewRoot(pci.RootConfig{MMIO: &mmio, PIO: &pio})}
-				require.NoError(t, vm.pci.AssignBuses())
+					dev: devices{pci: pci.NewRoot(pci.RootConfig{MMIO: &mmio, PIO: &pio})}}
+				require.NoError(t, vm.dev.pci.AssignBuses())
 				w, err := addrspace.NewWindows(vm.cfg.Memory, 46)
 				require.NoError(t, err)
 
@@ -173,8 +173,8 @@ func TestVCPULimit(t *testing.T) {
 	for _, layout := range []string{"flat", "smt"} {
 		var mmio, pio bus.Bus
 		vm := &VM{cfg: Config{Memory: 1 << 30, CPUs: maxACPIVCPUs}, topology: largeTopology(t, maxACPIVCPUs, layout),
-			pci: pci.NewRoot(pci.RootConfig{MMIO: &mmio, PIO: &pio})}
-		require.NoError(t, vm.pci.AssignBuses())
+			dev: devices{pci: pci.NewRoot(pci.RootConfig{MMIO: &mmio, PIO: &pio})}}
+		require.NoError(t, vm.dev.pci.AssignBuses())
 		w, err := addrspace.NewWindows(vm.cfg.Memory, 46)
 		require.NoError(t, err)
 		tables, err := vm.acpiTables(w)

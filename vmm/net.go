@@ -85,7 +85,7 @@ func (c *Config) validateNets() []error {
 }
 
 // addNets opens each TAP and puts a virtio-net function for it on the PCI
-// root. The TAPs close in closeDevices, after the transports.
+// root. The TAPs close in devices.close, after the transports.
 func (vm *VM) addNets() error {
 	var regions []uapi.VhostRegion
 	for _, r := range vm.mem.Regions() {
@@ -136,18 +136,18 @@ func (vm *VM) addNets() error {
 			return fieldErr("Nets", "interface %d: %v", i, err)
 		}
 		tr, err := transport.New(dev, transport.Config{
-			Memory: vm.mem, Router: vm.irq, Notifier: vm.irq,
+			Memory: vm.mem, Router: vm.dev.irq, Notifier: vm.dev.irq,
 			OnError: func(err error) { vm.refusals.Refuse("virtio-net "+n.TAP, err) },
 		})
 		if err != nil {
 			dev.Close()
 			return fmt.Errorf("virtio-net %s: %w", n.TAP, err)
 		}
-		vm.transports = append(vm.transports, tr)
+		vm.dev.transports = append(vm.dev.transports, tr)
 		if err := setupFault("virtio-net " + n.TAP); err != nil {
 			return err
 		}
-		if err := vm.pci.AddDevice(netSlot0+i, "virtio-net "+n.TAP, tr); err != nil {
+		if err := vm.dev.pci.AddDevice(netSlot0+i, "virtio-net "+n.TAP, tr); err != nil {
 			return err
 		}
 		vhost, why := dev.Vhost()

@@ -147,7 +147,7 @@ func (vm *VM) checkPassthrough(h *host.Host) (node int, err error) {
 		pt.devs = append(pt.devs, dev)
 		pt.bound = append(pt.bound, bound)
 	}
-	vm.pt = pt
+	vm.dev.pt = pt
 	if err := vm.planPCITopology(h); err != nil {
 		return -1, err
 	}
@@ -157,7 +157,7 @@ func (vm *VM) checkPassthrough(h *host.Host) (node int, err error) {
 // bindDevices rebinds the devices that need it to vfio-pci, journaling
 // each change first.
 func (vm *VM) bindDevices(sysRoot, procRoot string) error {
-	pt := vm.pt
+	pt := vm.dev.pt
 	if pt == nil {
 		return nil
 	}
@@ -190,7 +190,7 @@ func (vm *VM) bindDevices(sysRoot, procRoot string) error {
 // subnet manager can bring up. Each change is journaled with the values it
 // replaces; Close restores them.
 func (vm *VM) setVFIdentities(sysRoot, procRoot string) error {
-	pt := vm.pt
+	pt := vm.dev.pt
 	if pt == nil {
 		return nil
 	}
@@ -217,18 +217,18 @@ func (vm *VM) setVFIdentities(sysRoot, procRoot string) error {
 // table, so the guest routes INTA# of each to its IOAPIC pin (level,
 // active low, as PCI wants).
 func (vm *VM) mpOptions() boot.MPOptions {
-	if vm.pt == nil {
+	if vm.dev.pt == nil {
 		return boot.MPOptions{}
 	}
 	// Linux matches a device's PCI bus number against the MP bus ID, so
 	// PCI bus 0 must be MP bus 0 and ISA moves to 1 (as SeaBIOS does).
 	const pciBusID, isaBusID = 0, 1
 	opts := boot.MPOptions{ISABus: isaBusID, Buses: []boot.MPBus{{ID: pciBusID, Type: "PCI"}}}
-	for i := range vm.pt.devs {
+	for i := range vm.dev.pt.devs {
 		// A device behind a port interrupts through its root port's slot:
 		// Linux swizzles INTx up to bus 0 when the MP table has no entry
 		// for the secondary bus.
-		slot := vm.pt.topo.rootSlot[i]
+		slot := vm.dev.pt.topo.rootSlot[i]
 		opts.Interrupts = append(opts.Interrupts, boot.MPInterrupt{
 			Type: boot.MPIntINT, Flags: boot.MPPolarityActiveLow | boot.MPTriggerLevel,
 			SrcBus: pciBusID, SrcIRQ: uint8(slot << 2), DstPin: intxPin(slot),
@@ -243,7 +243,7 @@ func (vm *VM) mpOptions() boot.MPOptions {
 // step of the timeline. The files wait in pt.files for
 // addPassthroughDevices; Close closes those still there.
 func (vm *VM) openPassthrough(tl *timeline) error {
-	pt := vm.pt
+	pt := vm.dev.pt
 	if pt == nil {
 		return nil
 	}
@@ -312,7 +312,7 @@ func (vm *VM) openPassthrough(tl *timeline) error {
 // all devices. The IOMMU type is set when the first group joins the
 // container, so this follows openPassthrough.
 func (vm *VM) mapGuestRAM() error {
-	pt := vm.pt
+	pt := vm.dev.pt
 	if pt == nil {
 		return nil
 	}
@@ -339,7 +339,7 @@ func (vm *VM) mapGuestRAM() error {
 // addPassthroughDevices puts the devices openPassthrough opened on the PCI
 // bus, handing their files to addPassthroughFiles.
 func (vm *VM) addPassthroughDevices() error {
-	pt := vm.pt
+	pt := vm.dev.pt
 	if pt == nil {
 		return nil
 	}
@@ -359,7 +359,7 @@ func (vm *VM) addPassthroughDevices() error {
 // a failure half-way leaves no device fd open (an open fd keeps vfio-pci
 // from giving the device back to its driver).
 func (vm *VM) addPassthroughFiles(files []vfio.DeviceFile, p2p vfio.P2PMapper) error {
-	pt := vm.pt
+	pt := vm.dev.pt
 	if err := vm.addPorts(); err != nil {
 		closeDeviceFiles(files)
 		return err
@@ -369,8 +369,8 @@ func (vm *VM) addPassthroughFiles(files []vfio.DeviceFile, p2p vfio.P2PMapper) e
 		slot := pt.topo.rootSlot[i]
 		pd, err := vfio.NewPCIDevice(f, vfio.Config{
 			Name:   dev.BDF.String(),
-			Router: vm.irq, INTx: vm.irq, INTxGSI: uint32(intxPin(slot)),
-			Memslots: vm.slots, P2P: p2p,
+			Router: vm.dev.irq, INTx: vm.dev.irq, INTxGSI: uint32(intxPin(slot)),
+			Memslots: vm.dev.slots, P2P: p2p,
 			HasClique: sp.Clique >= 0, Clique: uint8(max(sp.Clique, 0)),
 			OnError: func(err error) { vm.refusals.Refuse("passthrough "+dev.BDF.String(), err) },
 		})
@@ -456,40 +456,6 @@ func (p p2pLogger) Unmap(iova uint64) error {
 	return err
 }
 
-// closePassthrough releases the devices (each reset after use), the
-// KVM-VFIO device and the container (unmapping all DMA), then gives every
-// rebound device back to its driver.
-func (vm *VM) closePassthrough() error {
-	pt := vm.pt
-	if pt == nil {
-		return nil
-	}
-	var errs []error
-	closeDeviceFiles(pt.files)
-	pt.files = nil
-	for _, pd := range pt.pcidevs {
-		// What the guest's BAR accesses cost: MSI-X table/PBA accesses
-		// trap by design, any other count is an exit a memslot should
-		// have avoided.
-		for _, st := range pd.TrapStats() {
-			vm.log.Info("passthrough BAR accesses that exited to hpcvmm", "device", pd.Name(), "bar", st.Index,
-				"msix", st.MSIX, "other", st.Other)
-		}
-		errs = append(errs, pd.Close())
-	}
-	if pt.kv != nil {
-		errs = append(errs, pt.kv.Close())
-	}
-	if pt.ctr != nil {
-		// Unmaps guest RAM (and any BAR still mapped): part of the cost of
-		// ending a VM, so logged.
-		start := time.Now()
-		errs = append(errs, pt.ctr.Close())
-		vm.log.Info("VFIO container closed", "took", time.Since(start).Round(time.Microsecond))
-	}
-	return errors.Join(errs...)
-}
-
 // openJournal starts this VM's host-state journal, its sysfs writes going
 // through pt.writes and, when a VF has identity settings, its netlink
 // messages through an rtnetlink socket opened now, in hpcvmm's network
@@ -515,36 +481,36 @@ func (pt *passthrough) openJournal(stateDir, sysRoot, procRoot string) error {
 // attributes restoreHost will write and the journal file its restore may
 // rewrite: the filter refuses opens for writing and file creation.
 func (vm *VM) prepareRestore() error {
-	if vm.pt == nil || vm.pt.journal == nil {
+	if vm.dev.pt == nil || vm.dev.pt.journal == nil {
 		return nil
 	}
-	return errors.Join(vm.pt.writes.prepare(vm.pt.sysRoot, vm.pt.journal.Changes()), vm.pt.journal.PrepareRestore())
+	return errors.Join(vm.dev.pt.writes.prepare(vm.dev.pt.sysRoot, vm.dev.pt.journal.Changes()), vm.dev.pt.journal.PrepareRestore())
 }
 
 // filterSockets are the sockets the seccomp filter lets the process use
 // after setup: the rtnetlink socket of the VFs' restore.
 func (vm *VM) filterSockets() []int {
-	if vm.pt == nil || vm.pt.rtnl == nil {
+	if vm.dev.pt == nil || vm.dev.pt.rtnl == nil {
 		return nil
 	}
-	return []int{vm.pt.rtnl.FD()}
+	return []int{vm.dev.pt.rtnl.FD()}
 }
 
 // restoreHost gives rebound devices back to their drivers and InfiniBand
 // VFs their identities. It runs after the VM and its fds are gone:
 // vfio-pci will not release a device that is still open.
 func (vm *VM) restoreHost() error {
-	if vm.pt == nil {
+	if vm.dev.pt == nil {
 		return nil
 	}
-	if vm.pt.rtnl != nil {
-		defer func() { vm.pt.rtnl.Close(); vm.pt.rtnl = nil }()
+	if vm.dev.pt.rtnl != nil {
+		defer func() { vm.dev.pt.rtnl.Close(); vm.dev.pt.rtnl = nil }()
 	}
-	if vm.pt.journal == nil {
+	if vm.dev.pt.journal == nil {
 		return nil
 	}
-	defer vm.pt.writes.close()
-	return vm.pt.journal.Restore()
+	defer vm.dev.pt.writes.close()
+	return vm.dev.pt.journal.Restore()
 }
 
 // memslots hands out KVM memory slots above the guest RAM slots, for BAR

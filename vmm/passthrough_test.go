@@ -119,11 +119,11 @@ func TestAddPassthroughFilesClosesEveryFileOnFailure(t *testing.T) {
 	plan, err := flatPlan(pt.devs, []string{"a", "b", "c"})
 	require.NoError(t, err)
 	pt.topo = ptTopology{plan: plan, rootSlot: rootSlots(plan)}
-	vm := &VM{log: log, pt: pt, pci: root}
+	vm := &VM{log: log, dev: devices{pt: pt, pci: root}}
 	err = vm.addPassthroughFiles(dfs, nil)
 	require.ErrorContains(t, err, "slot taken")
 	require.Len(t, pt.pcidevs, 1, "the first device was built before AddDevice refused it")
-	require.NoError(t, vm.closePassthrough())
+	require.NoError(t, vm.dev.closePassthrough(vm.log))
 	for i, f := range files {
 		assert.Equal(t, 1, f.closed, "device file %d closed once", i)
 	}

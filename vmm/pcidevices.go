@@ -47,14 +47,14 @@ const consoleSlot = 1
 // since there is none: the 64-bit window runs from above guest RAM up to
 // the guest's physical address limit (the host's: large GPU BARs need it).
 func (vm *VM) addPCI(physBits int) error {
-	vm.irq = newIRQRouter(vm.vm)
-	vm.irq.extDestID = vm.needsX2APIC()
+	vm.dev.irq = newIRQRouter(vm.vm)
+	vm.dev.irq.extDestID = vm.needsX2APIC()
 	onError := func(err error) { vm.refusals.Refuse("pci", err) }
-	vm.pci = pci.NewRoot(pci.RootConfig{MMIO: &vm.mmio, PIO: &vm.pio, OnError: onError, Reserved: reservedForBARs(vm.cfg.Memory)})
-	if err := vm.pio.Register(pci.ConfigIOPort, pci.ConfigIOSize, "pci conf1", vm.pci.ConfigIO()); err != nil {
+	vm.dev.pci = pci.NewRoot(pci.RootConfig{MMIO: &vm.dev.mmio, PIO: &vm.dev.pio, OnError: onError, Reserved: reservedForBARs(vm.cfg.Memory)})
+	if err := vm.dev.pio.Register(pci.ConfigIOPort, pci.ConfigIOSize, "pci conf1", vm.dev.pci.ConfigIO()); err != nil {
 		return err
 	}
-	if err := vm.mmio.Register(addrspace.ECAMBase, pci.ECAMSize, "pci ecam", vm.pci.ECAM()); err != nil {
+	if err := vm.dev.mmio.Register(addrspace.ECAMBase, pci.ECAMSize, "pci ecam", vm.dev.pci.ECAM()); err != nil {
 		return err
 	}
 	if vm.cfg.Console == ConsoleVirtio {
@@ -66,22 +66,22 @@ func (vm *VM) addPCI(physBits int) error {
 		if err != nil {
 			return fmt.Errorf("virtio-console: %w", err)
 		}
-		vm.console = con
+		vm.dev.console = con
 		if err := setupFault("virtio-console"); err != nil {
 			return err
 		}
 		tr, err := transport.New(con, transport.Config{
-			Memory: vm.mem, Router: vm.irq, Notifier: vm.irq,
+			Memory: vm.mem, Router: vm.dev.irq, Notifier: vm.dev.irq,
 			OnError: func(err error) { vm.refusals.Refuse("virtio-console", err) },
 		})
 		if err != nil {
 			return fmt.Errorf("virtio-console: %w", err)
 		}
-		vm.transports = append(vm.transports, tr)
+		vm.dev.transports = append(vm.dev.transports, tr)
 		if err := setupFault("virtio-console transport"); err != nil {
 			return err
 		}
-		if err := vm.pci.AddDevice(consoleSlot, "virtio-console", tr); err != nil {
+		if err := vm.dev.pci.AddDevice(consoleSlot, "virtio-console", tr); err != nil {
 			return err
 		}
 	}
@@ -91,7 +91,7 @@ func (vm *VM) addPCI(physBits int) error {
 	if err := vm.addPassthroughDevices(); err != nil {
 		return err
 	}
-	w, err := assignBARs(vm.pci, vm.cfg.Memory, physBits)
+	w, err := assignBARs(vm.dev.pci, vm.cfg.Memory, physBits)
 	if err != nil {
 		return err
 	}
@@ -118,36 +118,4 @@ func assignBARs(root *pci.Root, memory uint64, physBits int) (addrspace.Windows,
 		return w, barSpaceError(err, physBits)
 	}
 	return w, nil
-}
-
-// SetConsoleSize tells the guest the console's new size (rows, columns),
-// e.g. after SIGWINCH. It does nothing without a virtio console.
-func (vm *VM) SetConsoleSize(rows, cols uint16) {
-	if vm.console != nil {
-		vm.console.SetSize(rows, cols)
-	}
-}
-
-// NotifyExits counts virtqueue doorbells that reached hpcvmm as MMIO exits
-// instead of being absorbed by their ioeventfd: zero when the data path
-// stays in KVM.
-func (vm *VM) NotifyExits() uint64 {
-	var n uint64
-	for _, t := range vm.transports {
-		n += t.NotifyExits()
-	}
-	return n
-}
-
-// closeDevices stops the device threads before guest RAM goes away.
-func (vm *VM) closeDevices() error {
-	var errs []error
-	for _, t := range vm.transports {
-		errs = append(errs, t.Close())
-		errs = append(errs, closeNet(t))
-	}
-	if vm.console != nil {
-		errs = append(errs, vm.console.Close())
-	}
-	return errors.Join(errs...)
 }

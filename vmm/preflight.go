@@ -43,8 +43,8 @@ func (vm *VM) preflightRequest() preflight.Request {
 		// (tests) has none to open.
 		req.GroupOpen = ProbeVFIOGroup
 	}
-	if vm.pt != nil {
-		for _, sp := range vm.pt.specs {
+	if vm.dev.pt != nil {
+		for _, sp := range vm.dev.pt.specs {
 			if sp.VF {
 				req.VFs = append(req.VFs, sp.BDF.String())
 			} else {

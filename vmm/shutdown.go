@@ -16,17 +16,17 @@ const gedGSI = 5
 // addACPIDevices wires the hardware-reduced ACPI registers the FADT names
 // (sleep control/status, reset) and the GED that carries the power button.
 func (vm *VM) addACPIDevices() error {
-	vm.acpiPM = platform.NewACPIPM(func() {
+	vm.dev.acpiPM = platform.NewACPIPM(func() {
 		vm.log.Info("guest powered off through the ACPI sleep control register (S5)")
 		vm.stop(errGuestPoweroff)
 	}, func() {
 		vm.log.Info("guest reset through the ACPI reset register")
 		vm.stop(errGuestReset)
 	})
-	if err := vm.pio.Register(platform.ACPISleepControlPort, platform.ACPIPortsSize, "acpi pm", vm.acpiPM); err != nil {
+	if err := vm.dev.pio.Register(platform.ACPISleepControlPort, platform.ACPIPortsSize, "acpi pm", vm.dev.acpiPM); err != nil {
 		return err
 	}
-	vm.ged = platform.NewGED(func() {
+	vm.dev.ged = platform.NewGED(func() {
 		// An edge on an ISA IRQ: raise and lower the line.
 		if err := vm.vm.IRQLine(gedGSI, true); err != nil {
 			vm.log.Warn("ACPI GED interrupt", "gsi", gedGSI, "err", err)
@@ -34,25 +34,25 @@ func (vm *VM) addACPIDevices() error {
 		}
 		_ = vm.vm.IRQLine(gedGSI, false)
 	})
-	vm.ged.OnRead = func(events uint32) {
+	vm.dev.ged.OnRead = func(events uint32) {
 		// Only reads that return a press are logged: the guest can read
 		// the register as often as it likes, but only hpcvmm presses.
 		if events != 0 {
 			vm.log.Info("guest read the ACPI GED events", "events", fmt.Sprintf("%#x", events))
 		}
 	}
-	return vm.mmio.Register(addrspace.GEDBase, platform.GEDSize, "acpi ged", vm.ged)
+	return vm.dev.mmio.Register(addrspace.GEDBase, platform.GEDSize, "acpi ged", vm.dev.ged)
 }
 
 // PressPowerButton raises an ACPI power-button event in the guest, as a
 // press of a real machine's button: an ACPI guest shuts down cleanly (if
 // its userspace handles the button) and powers off, ending Run with nil.
 func (vm *VM) PressPowerButton() error {
-	if vm.ged == nil {
+	if vm.dev.ged == nil {
 		return fmt.Errorf("vmm: the guest has no ACPI power button")
 	}
 	vm.log.Info("ACPI power button pressed")
-	vm.ged.Press(platform.GEDPowerButton)
+	vm.dev.ged.Press(platform.GEDPowerButton)
 	return nil
 }
 

@@ -39,7 +39,7 @@ func PassthroughSlots() []int {
 // throughout) keeps every device on bus 0. A host whose sysfs does not
 // show where a device sits gets the flat layout, with a warning.
 func (vm *VM) planPCITopology(h *host.Host) error {
-	pt := vm.pt
+	pt := vm.dev.pt
 	bdfs := make([]host.BDF, len(pt.devs))
 	names := make([]string, len(pt.devs))
 	for i, d := range pt.devs {
@@ -155,22 +155,22 @@ func buildPorts(root *pci.Root, plan *pcitopo.Plan) ([]*pci.Bridge, error) {
 
 // addPorts builds the planned ports on the VM's root complex.
 func (vm *VM) addPorts() error {
-	parents, err := buildPorts(vm.pci, vm.pt.topo.plan)
+	parents, err := buildPorts(vm.dev.pci, vm.dev.pt.topo.plan)
 	if err != nil {
 		return fmt.Errorf("PCIe ports: %w", err)
 	}
-	vm.pt.topo.parents = parents
+	vm.dev.pt.topo.parents = parents
 	return nil
 }
 
 // attachPassthrough puts passthrough device i where the plan says: below
 // its port at device 0, or on bus 0 at its slot.
 func (vm *VM) attachPassthrough(i int, name string, dev pci.Device) error {
-	t := &vm.pt.topo
+	t := &vm.dev.pt.topo
 	if p := t.parents[i]; p != nil {
-		return vm.pci.AddDeviceBelow(p, 0, name, dev)
+		return vm.dev.pci.AddDeviceBelow(p, 0, name, dev)
 	}
-	return vm.pci.AddDevice(t.rootSlot[i], name, dev)
+	return vm.dev.pci.AddDevice(t.rootSlot[i], name, dev)
 }
 
 // writeNCCLTopology writes --nccl-topo: the guest's tree in NCCL's XML
@@ -203,8 +203,8 @@ func (vm *VM) writeNCCLTopology(supported []uapi.CPUIDEntry) error {
 		}
 	}
 	plan := &pcitopo.Plan{Mode: pcitopo.Flat}
-	if vm.pt != nil {
-		plan = vm.pt.topo.plan
+	if vm.dev.pt != nil {
+		plan = vm.dev.pt.topo.plan
 	}
 	var b bytes.Buffer
 	if err := plan.WriteNCCLTopology(&b, cpu); err != nil {

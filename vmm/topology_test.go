@@ -50,9 +50,9 @@ func topologyVM(t *testing.T, h *host.Host, kind TopologyKind) *VM {
 		pt.devs = append(pt.devs, dev)
 		pt.specs = append(pt.specs, vfio.Spec{BDF: b, VF: s == "0000:05:00.1", Clique: -1})
 	}
-	vm := &VM{log: slog.New(slog.NewTextHandler(io.Discard, nil)), pt: pt, cfg: Config{Topology: kind, CPUs: 4}}
+	vm := &VM{log: slog.New(slog.NewTextHandler(io.Discard, nil)), dev: devices{pt: pt}, cfg: Config{Topology: kind, CPUs: 4}}
 	require.NoError(t, vm.planPCITopology(h))
-	vm.pci = pci.NewRoot(pci.RootConfig{MMIO: &bus.Bus{}, PIO: &bus.Bus{}})
+	vm.dev.pci = pci.NewRoot(pci.RootConfig{MMIO: &bus.Bus{}, PIO: &bus.Bus{}})
 	return vm
 }
 
@@ -68,14 +68,14 @@ func TestPassthroughTopologyHost(t *testing.T) {
 		eps[i] = pci.NewConfigSpace(pci.Header{VendorID: 0x10de, DeviceID: uint16(i)})
 		require.NoError(t, vm.attachPassthrough(i, "d", eps[i]))
 	}
-	require.NoError(t, vm.pci.AssignBuses())
+	require.NoError(t, vm.dev.pci.AssignBuses())
 	for i, want := range [][2]uint8{{3, 0}, {4, 0}, {5, 0}} {
-		b, s, ok := vm.pci.Location(eps[i])
+		b, s, ok := vm.dev.pci.Location(eps[i])
 		require.True(t, ok)
 		assert.Equal(t, want, [2]uint8{b, s}, "device %d", i)
-		assert.Equal(t, vm.pt.topo.plan.Endpoint(i).GuestBDF(), host.BDF{Bus: b, Device: s})
+		assert.Equal(t, vm.dev.pt.topo.plan.Endpoint(i).GuestBDF(), host.BDF{Bus: b, Device: s})
 	}
-	assert.Equal(t, []int{firstPassthroughSlot, firstPassthroughSlot, firstPassthroughSlot + 1}, vm.pt.topo.rootSlot)
+	assert.Equal(t, []int{firstPassthroughSlot, firstPassthroughSlot, firstPassthroughSlot + 1}, vm.dev.pt.topo.rootSlot)
 	mp := vm.mpOptions()
 	require.Len(t, mp.Interrupts, 3)
 	assert.Equal(t, intxPin(firstPassthroughSlot), mp.Interrupts[1].DstPin, "the VF interrupts through the switch's root port")
@@ -97,11 +97,11 @@ func TestPassthroughTopologyFlat(t *testing.T) {
 	for _, kind := range []TopologyKind{TopologyFlat} {
 		vm := topologyVM(t, switchTree(t), kind)
 		require.NoError(t, vm.addPorts())
-		assert.Equal(t, []int{firstPassthroughSlot, firstPassthroughSlot + 1, firstPassthroughSlot + 2}, vm.pt.topo.rootSlot)
+		assert.Equal(t, []int{firstPassthroughSlot, firstPassthroughSlot + 1, firstPassthroughSlot + 2}, vm.dev.pt.topo.rootSlot)
 		for i := range 3 {
 			dev := pci.NewConfigSpace(pci.Header{VendorID: 0x10de})
 			require.NoError(t, vm.attachPassthrough(i, "d", dev))
-			b, s, ok := vm.pci.Location(dev)
+			b, s, ok := vm.dev.pci.Location(dev)
 			require.True(t, ok)
 			assert.Equal(t, [2]uint8{0, uint8(firstPassthroughSlot + i)}, [2]uint8{b, s})
 		}
@@ -113,6 +113,6 @@ func TestPassthroughTopologyFlat(t *testing.T) {
 		tr.AddDevice(hosttest.Device{BDF: b, Vendor: 0x10de, DeviceID: 0x2330, Class: 0x030200, IOMMUGroup: -1})
 	}
 	vm := topologyVM(t, tr.Host(), TopologyHost)
-	assert.Len(t, vm.pt.topo.plan.Top, 3)
-	assert.Equal(t, "flat", vm.pt.topo.plan.Mode.String())
+	assert.Len(t, vm.dev.pt.topo.plan.Top, 3)
+	assert.Equal(t, "flat", vm.dev.pt.topo.plan.Mode.String())
 }

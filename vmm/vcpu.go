@@ -120,21 +120,21 @@ func (v *vcpu) handleExit(reason uapi.ExitReason) error {
 		for i := 0; i < int(count); i++ {
 			chunk := data[i*size : (i+1)*size]
 			if isOut {
-				if !vm.pio.Write(uint64(port), chunk) {
-					vm.unhandledPIO.Access(uint64(port), chunk, true)
+				if !vm.dev.pio.Write(uint64(port), chunk) {
+					vm.dev.unhandledPIO.Access(uint64(port), chunk, true)
 				}
-			} else if !vm.pio.Read(uint64(port), chunk) {
-				vm.unhandledPIO.Access(uint64(port), chunk, false)
+			} else if !vm.dev.pio.Read(uint64(port), chunk) {
+				vm.dev.unhandledPIO.Access(uint64(port), chunk, false)
 			}
 		}
 	case uapi.ExitMMIO:
 		addr, isWrite, data := v.run.MMIO()
 		if isWrite {
-			if !vm.mmio.Write(addr, data) {
-				vm.unhandledMMIO.Access(addr, data, true)
+			if !vm.dev.mmio.Write(addr, data) {
+				vm.dev.unhandledMMIO.Access(addr, data, true)
 			}
-		} else if !vm.mmio.Read(addr, data) {
-			vm.unhandledMMIO.Access(addr, data, false)
+		} else if !vm.dev.mmio.Read(addr, data) {
+			vm.dev.unhandledMMIO.Access(addr, data, false)
 		}
 	case uapi.ExitHLT:
 		// With the in-kernel LAPIC, HLT is handled inside KVM; an exit

@@ -24,25 +24,17 @@ import (
 	"log/slog"
 	"os"
 	"runtime/debug"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/hpcvmm/hpcvmm/addrspace"
 	"github.com/hpcvmm/hpcvmm/boot"
-	"github.com/hpcvmm/hpcvmm/bus"
 	"github.com/hpcvmm/hpcvmm/cputopo"
 	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/host"
-	"github.com/hpcvmm/hpcvmm/irq"
-	"github.com/hpcvmm/hpcvmm/pci"
 	"github.com/hpcvmm/hpcvmm/platform"
 	"github.com/hpcvmm/hpcvmm/uapi"
-	"github.com/hpcvmm/hpcvmm/virtio/console"
-	"github.com/hpcvmm/hpcvmm/virtio/transport"
 	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
 
@@ -88,21 +80,12 @@ type VM struct {
 	mem       *guestmem.Memory
 	cpus      []*vcpu
 
-	pio, mmio                   bus.Bus
-	unhandledPIO, unhandledMMIO *platform.Unhandled
 	// refusals logs what devices report with no caller to return it to
 	// (chiefly guest actions they refused), rate-limited per device.
-	refusals    *platform.Refusals
-	serial      *platform.Serial
-	serialEvent int // eventfd wired to GSI 4 by KVM_IRQFD
-	irq         *irqRouter
-	pci         *pci.Root
-	console     *console.Console
-	transports  []*transport.Transport
-	acpiPM      *platform.ACPIPM
-	ged         *platform.GED // ACPI power button
-	pt          *passthrough  // nil without passthrough devices
-	slots       *memslots     // KVM slots for BAR mappings
+	refusals *platform.Refusals
+	// dev holds every device model and the host resources behind them
+	// (devices.go); its close releases them.
+	dev devices
 
 	stopping atomic.Bool
 	stopped  chan struct{} // closed by the first stop
@@ -123,9 +106,13 @@ type VM struct {
 }
 
 // New validates cfg, checks the host, and builds the VM without running
-// it. Every check that can fail on user input happens before guest RAM is
-// reserved or a KVM VM exists; on any error everything acquired so far is
-// released.
+// it. After Config.Validate and checkHostFirst (the sizes against what
+// this host could ever give), it runs three steps: checkInput (the kernel
+// and initrd files and whether they fit the guest), checkHost (placement,
+// CPU mode, topology, the preflight checks) and build (KVM, vCPUs, guest
+// RAM, devices, the kernel). Every check that can fail on user input
+// happens before guest RAM is reserved or a KVM VM exists; on any error
+// everything acquired so far is released.
 func New(cfg Config) (_ *VM, err error) {
 	start := cfg.StartTime
 	if start.IsZero() {
@@ -147,7 +134,7 @@ func New(cfg Config) (_ *VM, err error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	vm := &VM{cfg: cfg, log: log, start: start, serialEvent: -1, stopped: make(chan struct{}),
+	vm := &VM{cfg: cfg, log: log, start: start, dev: devices{serialEvent: -1}, stopped: make(chan struct{}),
 		refusals: platform.NewRefusals(log, 0)}
 	defer func() {
 		if err != nil {
@@ -156,56 +143,122 @@ func New(cfg Config) (_ *VM, err error) {
 	}()
 
 	tl := &timeline{start: start, log: log}
+	in, err := vm.checkInput(tl)
+	// The mapped or decompressed vmlinux and the mapped initrd, once they
+	// are in guest RAM (or New failed).
+	defer in.release()
+	if err != nil {
+		return nil, err
+	}
+	roots, err := vm.checkHost(tl)
+	if err != nil {
+		return nil, err
+	}
+	if err := vm.build(tl, roots, in); err != nil {
+		return nil, err
+	}
+	tl.summary()
+	log.Debug("VM built", "elapsed", time.Since(start).Round(time.Microsecond))
+	return vm, nil
+}
+
+// bootInput is what checkInput read for build's "load kernel" step.
+type bootInput struct {
+	kernel   *kernelImage
+	initrd   []byte
+	ram      []boot.RAMRange
+	releases []func()
+}
+
+// release gives back the kernel image and the initrd mapping.
+func (in *bootInput) release() {
+	for i := len(in.releases) - 1; i >= 0; i-- {
+		in.releases[i]()
+	}
+	in.releases = nil
+}
+
+// checkInput is New's first step: it reads the kernel and initrd and
+// checks they fit the guest's RAM layout with the command line and
+// firmware tables (boot.Check), before anything on the host changes.
+func (vm *VM) checkInput(tl *timeline) (*bootInput, error) {
+	cfg := &vm.cfg
+	in := &bootInput{}
 	readStart := time.Now()
 	// On a kernel-cache miss the decompression runs from here on,
 	// alongside guest RAM's prefault and the devices' setup; the
 	// "load kernel" step waits for it.
 	ki, err := vm.openKernel()
 	if err != nil {
-		return nil, err
+		return in, err
 	}
-	defer ki.release() // the mapped or decompressed vmlinux, once it is in guest RAM
-	var initrd []byte
+	in.kernel = ki
+	in.releases = append(in.releases, ki.release)
 	if cfg.Initrd != "" {
-		var releaseInitrd func()
-		initrd, releaseInitrd, err = mapFile(cfg.Initrd)
-		defer releaseInitrd()
+		initrd, releaseInitrd, err := mapFile(cfg.Initrd)
+		in.releases = append(in.releases, releaseInitrd)
 		if err != nil {
-			return nil, fieldErr("Initrd", "%v", err)
+			return in, fieldErr("Initrd", "%v", err)
 		}
+		in.initrd = initrd
 	}
 	tl.mark("read kernel and initrd", readStart)
-	var ram []boot.RAMRange
 	for _, r := range addrspace.RAM(cfg.Memory) {
-		ram = append(ram, boot.RAMRange{GPA: r.GPA, Size: r.Size})
+		in.ram = append(in.ram, boot.RAMRange{GPA: r.GPA, Size: r.Size})
 	}
 	var acpiCheck *boot.ACPI
 	if !cfg.NoACPI {
 		acpiCheck = &boot.ACPI{RSDPAddr: boot.ACPIAreaStart} // the tables themselves come once the devices exist
 	}
-	if err := boot.Check(boot.Params{Kernel: ki.check, Cmdline: cfg.Cmdline, RAM: ram, CPUs: cfg.CPUs, MP: vm.mpOptions(), ACPI: acpiCheck}, uint64(len(initrd))); err != nil {
-		field := "Memory"
-		if len(initrd) > 0 && strings.Contains(err.Error(), "initrd") {
-			field = "Initrd"
-		}
-		return nil, fieldErr(field, "%v", err)
+	if err := boot.Check(boot.Params{Kernel: ki.check, Cmdline: cfg.Cmdline, RAM: in.ram, CPUs: cfg.CPUs, MP: vm.mpOptions(), ACPI: acpiCheck}, uint64(len(in.initrd))); err != nil {
+		return in, bootCheckError(err)
 	}
+	return in, nil
+}
 
-	sysRoot, procRoot := cfg.SysfsRoot, cfg.ProcfsRoot
-	if sysRoot == "" {
-		sysRoot = "/sys"
+// bootCheckError names the Config field behind boot.Check's refusal: the
+// initrd or the command line by name, the rest (a kernel, ACPI or MP
+// tables that do not fit) being a matter of Memory.
+func bootCheckError(err error) error {
+	field := "Memory"
+	var ce *boot.CheckError
+	if errors.As(err, &ce) {
+		switch ce.Input {
+		case boot.InputInitrd:
+			field = "Initrd"
+		case boot.InputCmdline:
+			field = "Cmdline"
+		}
 	}
-	if procRoot == "" {
-		procRoot = "/proc"
+	return fieldErr(field, "%v", err)
+}
+
+// hostRoots is the host checkHost looked at, for build's steps that change it.
+type hostRoots struct {
+	sysRoot, procRoot string
+}
+
+// checkHost is New's second step: it places the VM (NUMA node, vCPU
+// CPUs), chooses the CPU mode, the prefault plan and the guest's CPU
+// topology, and runs the preflight checks, all before anything on the host
+// changes.
+func (vm *VM) checkHost(tl *timeline) (hostRoots, error) {
+	cfg, log := &vm.cfg, vm.log
+	roots := hostRoots{sysRoot: cfg.SysfsRoot, procRoot: cfg.ProcfsRoot}
+	if roots.sysRoot == "" {
+		roots.sysRoot = "/sys"
+	}
+	if roots.procRoot == "" {
+		roots.procRoot = "/proc"
 	}
 	checkStart := time.Now()
-	h := host.New(sysRoot, procRoot)
+	h := host.New(roots.sysRoot, roots.procRoot)
 	devNode, err := vm.checkPassthrough(h)
 	if err != nil {
-		return nil, err
+		return roots, err
 	}
-	if vm.place, err = choosePlacement(&cfg, h, devNode); err != nil {
-		return nil, err
+	if vm.place, err = choosePlacement(cfg, h, devNode); err != nil {
+		return roots, err
 	}
 	switch {
 	case vm.place.claimErr != nil:
@@ -215,7 +268,7 @@ func New(cfg Config) (_ *VM, err error) {
 	}
 	mode, why, warn, err := decideCPUMode(cfg.CPUMode, vm.place)
 	if err != nil {
-		return nil, err
+		return roots, err
 	}
 	vm.cpuMode = mode
 	if warn {
@@ -225,17 +278,16 @@ func New(cfg Config) (_ *VM, err error) {
 	}
 	// Checked here, with the placement, before anything on the host changes.
 	if vm.prefaultCPUs, vm.prefaultWorkers, err = prefaultPlan(vm.place, cfg.PrefaultWorkers, affinity); err != nil {
-		return nil, err
+		return roots, err
 	}
 	if vm.topology, err = vm.chooseTopology(h); err != nil {
-		return nil, fieldErr("CPUs", "%v", err)
+		return roots, fieldErr("CPUs", "%v", err)
 	}
 	cfg.Cmdline = vm.withIRQAffinity(cfg.Cmdline)
-	vm.cfg.Cmdline = cfg.Cmdline
 	// The checks `hpcvmm check` runs, with the same messages, before
 	// anything on the host changes.
 	if rep := preflight.Run(h, vm.preflightRequest()); !rep.OK() {
-		return nil, &PreflightError{Report: rep}
+		return roots, &PreflightError{Report: rep}
 	}
 	if devNode >= 0 && devNode != vm.place.node {
 		log.Warn("guest RAM and vCPUs are on another NUMA node than the first passthrough device: its DMA and interrupts cross the interconnect",
@@ -250,68 +302,7 @@ func New(cfg Config) (_ *VM, err error) {
 		log.Warn("guest RAM on 4 KiB pages: for development only; HPC guests lose TLB reach and VFIO needs many more DMA mappings (use --hugepages 1G)")
 	}
 	tl.mark("host checks", checkStart)
-
-	if err := tl.run("open KVM", func() error { return vm.openKVM() }); err != nil {
-		return nil, err
-	}
-	if err := vm.build(tl, sysRoot, procRoot); err != nil {
-		return nil, err
-	}
-	if err := tl.run("load kernel", func() error {
-		kernel, err := ki.wait()
-		if err != nil {
-			return err
-		}
-		return vm.loadKernel(kernel, initrd, ram)
-	}); err != nil {
-		return nil, err
-	}
-	tl.summary()
-	log.Debug("VM built", "elapsed", time.Since(start).Round(time.Microsecond))
-	return vm, nil
-}
-
-// addPlatformDevices wires the UART, the i8042 reset line and the catch-all
-// for unclaimed accesses.
-func (vm *VM) addPlatformDevices() error {
-	vm.unhandledPIO = platform.NewUnhandled(vm.log, "port I/O")
-	vm.unhandledMMIO = platform.NewUnhandled(vm.log, "MMIO")
-
-	efd, err := irq.NewEventFD()
-	if err != nil {
-		return fmt.Errorf("serial IRQ: %w", err)
-	}
-	vm.serialEvent = efd
-	if err := setupFault("serial eventfd"); err != nil {
-		return err
-	}
-	if err := vm.vm.IRQFD(efd, serialIRQ, -1); err != nil {
-		return fmt.Errorf("serial IRQ %d: %w", serialIRQ, err)
-	}
-	if err := setupFault("serial irqfd"); err != nil {
-		return err
-	}
-	vm.serial = platform.NewSerial(vm.cfg.Stdout, func() {
-		// An irqfd write is an edge on GSI 4: what an ISA UART does.
-		_ = irq.SignalEventFD(efd)
-	})
-	if err := vm.pio.Register(serialBase, 8, "serial0", vm.serial); err != nil {
-		return err
-	}
-	if err := vm.pio.Register(platform.RTCIndexPort, platform.RTCSize, "cmos rtc", platform.NewRTC(nil)); err != nil {
-		return err
-	}
-	kbd := platform.NewI8042(func() { vm.stop(errGuestReset) })
-	if err := vm.pio.Register(i8042DataPort, 1, "i8042 data", kbd.DataPort()); err != nil {
-		return err
-	}
-	if err := vm.pio.Register(i8042CmdPort, 1, "i8042 command", kbd.CommandPort()); err != nil {
-		return err
-	}
-	if vm.cfg.NoACPI {
-		return nil
-	}
-	return vm.addACPIDevices()
+	return roots, nil
 }
 
 // newVCPU creates vCPU index with its CPUID, MSRs and local interrupt
@@ -423,8 +414,8 @@ func (vm *VM) Run(ctx context.Context) error {
 		vm.stop(fmt.Errorf("%w: %w", errStopped, context.Cause(ctx)))
 		<-done
 	}
-	if vm.serial != nil {
-		vm.serial.CloseInput() // a feeder blocked on a full line returns
+	if vm.dev.serial != nil {
+		vm.dev.serial.CloseInput() // a feeder blocked on a full line returns
 	}
 	vm.logExits()
 	if !errors.Is(vm.reason, errGuestReset) && !errors.Is(vm.reason, errGuestPoweroff) {
@@ -477,7 +468,7 @@ func (vm *VM) FirstRunLatency() time.Duration { return time.Duration(vm.firstRun
 // (backpressure, nothing dropped); at r's end of file what is still queued
 // stays there for the guest.
 func (vm *VM) feedSerial(r io.Reader) {
-	if _, err := vm.serial.ReadFrom(r); err != nil && !errors.Is(err, platform.ErrInputClosed) {
+	if _, err := vm.dev.serial.ReadFrom(r); err != nil && !errors.Is(err, platform.ErrInputClosed) {
 		vm.log.Warn("serial console: reading input", "err", err)
 	}
 }
@@ -527,13 +518,9 @@ func (vm *VM) logExits() {
 func (vm *VM) Close() error {
 	vm.closeOnce.Do(func() {
 		var errs []error
-		errs = append(errs, vm.closeDevices())
-		errs = append(errs, vm.closePassthrough())
+		errs = append(errs, vm.dev.close(vm.log))
 		for _, c := range vm.cpus {
 			errs = append(errs, c.cpu.Close())
-		}
-		if vm.serialEvent >= 0 {
-			errs = append(errs, unix.Close(vm.serialEvent))
 		}
 		if vm.vm != nil {
 			errs = append(errs, vm.vm.Close())

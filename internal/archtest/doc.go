@@ -2,6 +2,7 @@
 // docs/architecture.md says it is: dependencies point one way (nothing
 // outside vmm/, cmd/ and tests/ imports vmm/...), unsafe is imported only
 // in uapi, and the architecture document's package table names every
-// package and no package that is gone; every relative link of README.md
+// package and no package that is gone; no production file or function is
+// over the size limits (size_test.go); every relative link of README.md
 // and docs/*.md resolves. It has no code of its own.
 package archtest
