@@ -58,6 +58,7 @@ import (
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/ibvf"
 	"github.com/hpcvmm/hpcvmm/slurm"
+	"github.com/hpcvmm/hpcvmm/trustfs"
 )
 
 // DefaultStateDir is where journals live on a real host: tmpfs, so a reboot
@@ -443,30 +444,23 @@ func stateDir(dir string, create bool) error {
 // hpcvmm's, or writable by group or others, with a one-line error naming
 // it and the fix.
 func checkOwner(path string, fi fs.FileInfo, dir bool) error {
-	what, fix := "journal", "check the devices it names by hand, then remove it"
+	bad := trustfs.Check(path, fi, dir)
+	if bad == nil {
+		return nil
+	}
+	w := trustfs.Wording{
+		Subject:   "hoststate: journal " + path,
+		Fix:       "check the devices it names by hand, then remove it",
+		OwnerRisk: ", who could have written it",
+		ModeRisk:  ", who could choose what hpcvmm unbind writes as root",
+		ModeFix:   "check the devices it names by hand, then chmod go-w " + path + " (or remove it)",
+	}
 	if dir {
-		what, fix = "state directory", "chown root "+path+"; chmod go-w "+path+", or pass another --state-dir"
+		w.Subject = "hoststate: state directory " + path
+		w.Fix = "chown root " + path + "; chmod go-w " + path + ", or pass another --state-dir"
+		w.ModeFix = ""
 	}
-	switch {
-	case fi.Mode()&fs.ModeSymlink != 0:
-		return fmt.Errorf("hoststate: %s %s is a symbolic link: %s", what, path, fix)
-	case dir && !fi.IsDir(), !dir && !fi.Mode().IsRegular():
-		return fmt.Errorf("hoststate: %s %s is a %v: %s", what, path, fi.Mode().Type(), fix)
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return fmt.Errorf("hoststate: %s %s: no owner information", what, path)
-	}
-	if uid := uint32(os.Geteuid()); st.Uid != 0 && st.Uid != uid {
-		return fmt.Errorf("hoststate: %s %s is owned by uid %d, not root or hpcvmm's uid %d, who could have written it: %s", what, path, st.Uid, uid, fix)
-	}
-	if perm := fi.Mode().Perm(); perm&0o022 != 0 {
-		if !dir {
-			fix = "check the devices it names by hand, then chmod go-w " + path + " (or remove it)"
-		}
-		return fmt.Errorf("hoststate: %s %s has mode %04o, writable by group or others, who could choose what hpcvmm unbind writes as root: %s", what, path, perm, fix)
-	}
-	return nil
+	return bad.Explain(w)
 }
 
 // validDriver reports whether s can be a kernel driver's name (a directory

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hpcvmm/hpcvmm/rootfs"
+	"github.com/hpcvmm/hpcvmm/trustfs"
 )
 
 // The cache keeps built archives the way package vmlinux keeps kernels
@@ -128,27 +129,20 @@ func OpenCache(dir string, maxBytes int64) (*Cache, error) {
 func (c *Cache) Dir() string { return c.dir }
 
 func checkInfo(path string, fi fs.FileInfo, dir bool) error {
+	bad := trustfs.Check(path, fi, dir)
+	if bad == nil {
+		return nil
+	}
 	what, fix := "file", "remove it"
 	if dir {
 		what, fix = "directory", "chown root "+path+"; chmod go-w "+path+", or pass another cache directory"
 	}
-	switch {
-	case fi.Mode()&fs.ModeSymlink != 0:
-		return fmt.Errorf("initramfs: cache %s %s is a symbolic link: %s", what, path, fix)
-	case dir && !fi.IsDir(), !dir && !fi.Mode().IsRegular():
-		return fmt.Errorf("initramfs: cache %s %s is a %v, not a %s: %s", what, path, fi.Mode().Type(), what, fix)
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return fmt.Errorf("initramfs: cache %s %s: no owner information", what, path)
-	}
-	if uid := uint32(os.Geteuid()); st.Uid != 0 && st.Uid != uid {
-		return fmt.Errorf("initramfs: cache %s %s is owned by uid %d, not root or hpcvmm's uid %d: %s", what, path, st.Uid, uid, fix)
-	}
-	if perm := fi.Mode().Perm(); perm&0o022 != 0 {
-		return fmt.Errorf("initramfs: cache %s %s has mode %04o, writable by group or others, who could choose every job's files: %s", what, path, perm, fix)
-	}
-	return nil
+	return bad.Explain(trustfs.Wording{
+		Subject:  "initramfs: cache " + what + " " + path,
+		Kind:     what,
+		Fix:      fix,
+		ModeRisk: ", who could choose every job's files",
+	})
 }
 
 // meta is what a cache entry's record holds.
@@ -334,26 +328,7 @@ func (c *Cache) put(key, tmp string, m *meta, index []byte) error {
 
 // writeFile writes content to path by temporary file and rename, 0444.
 func (c *Cache) writeFile(path, content string) error {
-	f, err := os.CreateTemp(c.dir, tempPrefix+"rec-*")
-	if err != nil {
-		return fmt.Errorf("initramfs: cache: %w", err)
-	}
-	tmp := f.Name()
-	_, err = f.WriteString(content)
-	if err == nil {
-		err = f.Chmod(0o444)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
+	if err := trustfs.WriteFile(path, tempPrefix+"rec-", true, []byte(content)); err != nil {
 		return fmt.Errorf("initramfs: cache: write %s: %w", path, err)
 	}
 	return nil

@@ -12,10 +12,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/hpcvmm/hpcvmm/trustfs"
 )
 
 // DefaultCacheDir is where hpcvmm keeps decompressed kernels unless told
@@ -115,27 +116,20 @@ func checkOwned(path string, dir bool) error {
 }
 
 func checkInfo(path string, fi fs.FileInfo, dir bool) error {
+	bad := trustfs.Check(path, fi, dir)
+	if bad == nil {
+		return nil
+	}
 	what, fix := "file", "remove it"
 	if dir {
 		what, fix = "directory", "chown root "+path+"; chmod go-w "+path+", or pass another --kernel-cache"
 	}
-	switch {
-	case fi.Mode()&fs.ModeSymlink != 0:
-		return fmt.Errorf("vmlinux: kernel cache %s %s is a symbolic link: %s", what, path, fix)
-	case dir && !fi.IsDir(), !dir && !fi.Mode().IsRegular():
-		return fmt.Errorf("vmlinux: kernel cache %s %s is a %v, not a %s: %s", what, path, fi.Mode().Type(), what, fix)
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return fmt.Errorf("vmlinux: kernel cache %s %s: no owner information", what, path)
-	}
-	if uid := uint32(os.Geteuid()); st.Uid != 0 && st.Uid != uid {
-		return fmt.Errorf("vmlinux: kernel cache %s %s is owned by uid %d, not root or hpcvmm's uid %d: %s", what, path, st.Uid, uid, fix)
-	}
-	if perm := fi.Mode().Perm(); perm&0o022 != 0 {
-		return fmt.Errorf("vmlinux: kernel cache %s %s has mode %04o, writable by group or others, who could choose the kernel VMs boot: %s", what, path, perm, fix)
-	}
-	return nil
+	return bad.Explain(trustfs.Wording{
+		Subject:  "vmlinux: kernel cache " + what + " " + path,
+		Kind:     what,
+		Fix:      fix,
+		ModeRisk: ", who could choose the kernel VMs boot",
+	})
 }
 
 // Entry is a cache entry mapped into memory: the vmlinux is read straight
@@ -267,38 +261,12 @@ func parseEntry(buf []byte) (body []byte, sum string, err error) {
 // directory, synced, made read-only (0444) and renamed over the entry, so
 // concurrent readers see the old file or the new one, never a part. It
 // then evicts the least recently used entries beyond the size bound.
-func (c *Cache) Put(key Key, vmlinux []byte) (err error) {
+func (c *Cache) Put(key Key, vmlinux []byte) error {
 	sum := sha256.Sum256(vmlinux)
 	header := fmt.Sprintf("%ssha256 %x\nsize %d\n\n", cacheMagic, sum, len(vmlinux))
-	f, err := os.CreateTemp(c.dir, tempPrefix+key.String()[:16]+"-*")
-	if err != nil {
-		return fmt.Errorf("vmlinux: kernel cache: %w", err)
-	}
-	tmp := f.Name()
-	defer func() {
-		if err != nil {
-			_ = f.Close()
-			_ = os.Remove(tmp)
-		}
-	}()
-	if _, err = f.WriteString(header); err != nil {
-		return fmt.Errorf("vmlinux: kernel cache: write %s: %w", tmp, err)
-	}
-	if _, err = f.Write(vmlinux); err != nil {
-		return fmt.Errorf("vmlinux: kernel cache: write %s: %w", tmp, err)
-	}
-	if err = f.Chmod(0o444); err != nil {
-		return fmt.Errorf("vmlinux: kernel cache: %w", err)
-	}
-	if err = f.Sync(); err != nil {
-		return fmt.Errorf("vmlinux: kernel cache: sync %s: %w", tmp, err)
-	}
-	if err = f.Close(); err != nil {
-		return fmt.Errorf("vmlinux: kernel cache: close %s: %w", tmp, err)
-	}
 	// The new file has a new identity; an old entry's record goes with it.
 	_ = os.Remove(verifiedPath(c.Path(key)))
-	if err = os.Rename(tmp, c.Path(key)); err != nil {
+	if err := trustfs.WriteFile(c.Path(key), tempPrefix+key.String()[:16]+"-", true, []byte(header), vmlinux); err != nil {
 		return fmt.Errorf("vmlinux: kernel cache: %w", err)
 	}
 	return c.evict(c.Path(key))

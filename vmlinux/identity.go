@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/hpcvmm/hpcvmm/trustfs"
 )
 
 // Hashing a kernel costs time at every launch (a 60 MiB vmlinux and its
@@ -70,16 +72,6 @@ func identityOf(fi fs.FileInfo) (identity, bool) {
 	return id, time.Since(newest) >= racyWindow
 }
 
-// onlyWeWrite reports whether fi is a file only root and hpcvmm's user can
-// write: owned by one of them, not writable by group or others.
-func onlyWeWrite(fi fs.FileInfo) bool {
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return false
-	}
-	return (st.Uid == 0 || st.Uid == uint32(os.Geteuid())) && fi.Mode().Perm()&0o022 == 0
-}
-
 func (id identity) String() string {
 	return fmt.Sprintf("dev %d ino %d size %d mtime %d ctime %d", id.dev, id.ino, id.size, id.mtimeNs, id.ctimeNs)
 }
@@ -103,24 +95,7 @@ func readRecord(path string) []string {
 // read-only. Failures are ignored: a cache hpcvmm cannot write still
 // serves, at the price of hashing at every launch.
 func (c *Cache) writeRecord(path string, lines ...string) {
-	f, err := os.CreateTemp(c.dir, tempPrefix+"record-*")
-	if err != nil {
-		return
-	}
-	tmp := f.Name()
-	_, err = f.WriteString(recordMagic + strings.Join(lines, "\n") + "\n")
-	if err == nil {
-		err = f.Chmod(0o444)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-	}
+	_ = trustfs.WriteFile(path, tempPrefix+"record-", false, []byte(recordMagic+strings.Join(lines, "\n")+"\n"))
 }
 
 // verifiedPath is the record of entry path's last content hash.
@@ -168,7 +143,7 @@ func (c *Cache) keyRecordPath(id identity) string {
 // bytes this launch never hashed.
 func (c *Cache) KeyFor(bzImage []byte, fi fs.FileInfo) (key Key, hashed bool) {
 	id, settled := identityOf(fi)
-	settled = settled && onlyWeWrite(fi)
+	settled = settled && trustfs.OnlyWeWrite(fi)
 	if settled && id.size == int64(len(bzImage)) {
 		if lines := readRecord(c.keyRecordPath(id)); len(lines) == 2 && lines[0] == id.String() {
 			if b, err := hex.DecodeString(lines[1]); err == nil && len(b) == len(key) {
