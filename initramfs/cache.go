@@ -10,7 +10,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -18,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hpcvmm/hpcvmm/evict"
 	"github.com/hpcvmm/hpcvmm/rootfs"
 	"github.com/hpcvmm/hpcvmm/trustfs"
 )
@@ -441,12 +441,7 @@ func (c *Cache) evict(keep string) error {
 	if err != nil {
 		return fmt.Errorf("initramfs: cache: %w", err)
 	}
-	type entry struct {
-		key  string
-		size int64
-		used time.Time
-	}
-	var entries []entry
+	var entries []evict.Entry
 	var total int64
 	for _, de := range des {
 		name := de.Name()
@@ -466,7 +461,7 @@ func (c *Cache) evict(keep string) error {
 			if ok, err := os.Stat(c.okPath(key)); err == nil && ok.ModTime().After(used) {
 				used = ok.ModTime()
 			}
-			entries = append(entries, entry{key, fi.Size(), used})
+			entries = append(entries, evict.Entry{Name: key, Size: fi.Size(), Used: used})
 			total += fi.Size()
 		case strings.HasSuffix(name, metaExt), strings.HasSuffix(name, okExt), strings.HasSuffix(name, indexExt):
 			key := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, metaExt), okExt), indexExt)
@@ -480,26 +475,18 @@ func (c *Cache) evict(keep string) error {
 			}
 		}
 	}
-	slices.SortFunc(entries, func(a, b entry) int { return a.used.Compare(b.used) })
-	var errs []error
-	for _, e := range entries {
-		if total <= c.max {
-			break
+	inUse := func(e evict.Entry) bool { return e.Name == keep || time.Since(e.Used) < evictGrace }
+	err = evict.Oldest(entries, total, c.max, inUse, func(e evict.Entry) error {
+		if err := os.Remove(c.archivePath(e.Name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
 		}
-		if e.key == keep || time.Since(e.used) < evictGrace {
-			continue
-		}
-		if err := os.Remove(c.archivePath(e.key)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, err)
-			continue
-		}
-		_ = os.Remove(c.metaPath(e.key))
-		_ = os.Remove(c.okPath(e.key))
-		_ = os.Remove(c.indexPath(e.key))
-		total -= e.size
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("initramfs: cache: evict: %w", errors.Join(errs...))
+		_ = os.Remove(c.metaPath(e.Name))
+		_ = os.Remove(c.okPath(e.Name))
+		_ = os.Remove(c.indexPath(e.Name))
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("initramfs: cache: evict: %w", err)
 	}
 	return nil
 }

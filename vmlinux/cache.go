@@ -9,13 +9,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hpcvmm/hpcvmm/evict"
 	"github.com/hpcvmm/hpcvmm/trustfs"
 )
 
@@ -280,12 +280,7 @@ func (c *Cache) evict(keep string) error {
 	if err != nil {
 		return fmt.Errorf("vmlinux: kernel cache: %w", err)
 	}
-	type entry struct {
-		path  string
-		size  int64
-		mtime time.Time
-	}
-	var files []entry
+	var files []evict.Entry
 	var total int64
 	for _, e := range entries {
 		path := filepath.Join(c.dir, e.Name())
@@ -303,7 +298,7 @@ func (c *Cache) evict(keep string) error {
 			if rec, err := os.Stat(verifiedPath(path)); err == nil && rec.ModTime().After(used) {
 				used = rec.ModTime()
 			}
-			files = append(files, entry{path, fi.Size(), used})
+			files = append(files, evict.Entry{Name: path, Size: fi.Size(), Used: used})
 			total += fi.Size()
 		case strings.HasSuffix(e.Name(), verifiedSuffix):
 			if _, err := os.Lstat(strings.TrimSuffix(path, verifiedSuffix)); errors.Is(err, fs.ErrNotExist) {
@@ -319,24 +314,15 @@ func (c *Cache) evict(keep string) error {
 			}
 		}
 	}
-	slices.SortFunc(files, func(a, b entry) int { return a.mtime.Compare(b.mtime) })
-	var errs []error
-	for _, f := range files {
-		if total <= c.max {
-			break
+	err = evict.Oldest(files, total, c.max, func(f evict.Entry) bool { return f.Name == keep }, func(f evict.Entry) error {
+		if err := os.Remove(f.Name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
 		}
-		if f.path == keep {
-			continue
-		}
-		if err := os.Remove(f.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, err)
-			continue
-		}
-		_ = os.Remove(verifiedPath(f.path))
-		total -= f.size
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("vmlinux: kernel cache: evict: %w", errors.Join(errs...))
+		_ = os.Remove(verifiedPath(f.Name))
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("vmlinux: kernel cache: evict: %w", err)
 	}
 	return nil
 }
