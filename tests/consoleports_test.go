@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hpcvmm/hpcvmm/guestmem"
+	"github.com/hpcvmm/hpcvmm/internal/testenv"
 	"github.com/hpcvmm/hpcvmm/tests/harness"
 	"github.com/hpcvmm/hpcvmm/virtio/console"
 	"github.com/hpcvmm/hpcvmm/vmm"
@@ -54,24 +55,6 @@ func (s *hashSink) Close() error {
 	return nil
 }
 
-// lockedBuffer is the VM's console output, read while the VM writes it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestConsoleNamedPorts boots the stock L2 kernel with two named
 // virtio-console ports through the vmm API (vmm.Config.ConsolePorts): the
 // guest's /init finds them by /sys/class/virtio-ports/*/name and runs
@@ -87,7 +70,7 @@ func TestConsoleNamedPorts(t *testing.T) {
 		want := sha256.Sum256(data)
 		var vmClosing atomic.Bool
 		out := &hashSink{h: sha256.New(), vmClosing: &vmClosing, done: make(chan struct{})}
-		stdout := &lockedBuffer{}
+		stdout := &testenv.LockedBuffer{}
 
 		cfg := vmm.DefaultConfig()
 		cfg.Kernel, cfg.Initrd = env.L2Kernel(t), env.L2Initrd(t)

@@ -17,7 +17,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -33,6 +32,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/hpcvmm/hpcvmm/internal/testenv"
 	"github.com/hpcvmm/hpcvmm/tests/harness"
 )
 
@@ -41,24 +41,6 @@ type jobResult struct {
 	stdout, stderr string
 	code           int
 	took           time.Duration
-}
-
-// syncBuffer is a stdout read while hpcvmm writes it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // jobArgs are the flags every job scenario boots with: the test bed's L2
@@ -74,7 +56,7 @@ func runJob(t *testing.T, env *harness.Env, stdin io.Reader, stdout io.Writer, d
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, env.HPCVMM(t), args...)
-	var out, errOut syncBuffer
+	var out, errOut testenv.LockedBuffer
 	cmd.Stdin = stdin
 	cmd.Stdout = &out
 	if stdout != nil {
@@ -179,7 +161,7 @@ func TestJobsBusybox(t *testing.T) {
 		})
 
 		t.Run("sigterm-reaches-trap", func(t *testing.T) {
-			var out syncBuffer
+			var out testenv.LockedBuffer
 			r := runJob(t, env, nil, &out, func(cmd *exec.Cmd) {
 				deadline := time.Now().Add(3 * time.Minute)
 				for time.Now().Before(deadline) && !strings.Contains(out.String(), "ready") {
@@ -195,7 +177,7 @@ func TestJobsBusybox(t *testing.T) {
 		// presses the ACPI power button, the agent reads KEY_POWER and
 		// sends SIGTERM, then SIGKILL after its grace: 137.
 		t.Run("shutdown-timeout-power-button", func(t *testing.T) {
-			var out syncBuffer
+			var out testenv.LockedBuffer
 			r := runJob(t, env, nil, &out, func(cmd *exec.Cmd) {
 				deadline := time.Now().Add(3 * time.Minute)
 				for time.Now().Before(deadline) && !strings.Contains(out.String(), "ready") {
@@ -466,7 +448,7 @@ func TestJobsTTY(t *testing.T) {
 		f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 40, Cols: 120})
 		require.NoError(t, err)
 		defer f.Close()
-		var out syncBuffer
+		var out testenv.LockedBuffer
 		copied := make(chan struct{})
 		go func() { _, _ = io.Copy(&out, f); close(copied) }()
 		err = cmd.Wait()

@@ -1,16 +1,16 @@
 package harness
 
 import (
-	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/hpcvmm/hpcvmm/internal/testenv"
 )
 
 func TestProgramRunConfig(t *testing.T) {
@@ -29,27 +29,9 @@ func TestProfileBenchReservesBothHugepageSizes(t *testing.T) {
 	assert.Contains(t, ProfileBench.Setup, "debugfs")
 }
 
-// lockedBuffer is a bytes.Buffer safe for the follower goroutine.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func TestFollowFileCopiesLinesAsTheyAppear(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "console.log")
-	var out lockedBuffer
+	var out testenv.LockedBuffer
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() { followFile(path, &out, stop); close(done) }()

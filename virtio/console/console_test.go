@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,30 +14,13 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/hpcvmm/hpcvmm/internal/testenv"
 	"github.com/hpcvmm/hpcvmm/virtio"
 	"github.com/hpcvmm/hpcvmm/virtio/console"
 	"github.com/hpcvmm/hpcvmm/virtio/queue"
 	"github.com/hpcvmm/hpcvmm/virtio/queue/queuetest"
 	"github.com/hpcvmm/hpcvmm/virtio/transport/transporttest"
 )
-
-// syncBuffer is hpcvmm's stdout in the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 const (
 	rxVec  = 1
@@ -50,7 +32,7 @@ type guest struct {
 	*transporttest.Rig
 	con    *console.Console
 	rx, tx *queuetest.Driver
-	out    *syncBuffer
+	out    *testenv.LockedBuffer
 	in     *io.PipeWriter
 }
 
@@ -71,7 +53,7 @@ func bootWith(t *testing.T, in io.Reader) *guest {
 	if raceEnabled {
 		t.Skip("guest memory is shared with the device goroutine without Go synchronization, as with a real guest")
 	}
-	out := &syncBuffer{}
+	out := &testenv.LockedBuffer{}
 	con, err := console.New(in, out, console.Options{Rows: 24, Cols: 80, QueueSize: 64})
 	require.NoError(t, err)
 	rig, err := transporttest.NewRig(con, make(queuetest.Memory, 4<<20))

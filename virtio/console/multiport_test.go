@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hpcvmm/hpcvmm/internal/testenv"
 	"github.com/hpcvmm/hpcvmm/virtio"
 	"github.com/hpcvmm/hpcvmm/virtio/console"
 	"github.com/hpcvmm/hpcvmm/virtio/queue/queuetest"
@@ -74,19 +75,19 @@ type mpGuest struct {
 	*transporttest.Rig
 	con               *console.Console
 	rx, tx, cin, cout *queuetest.Driver
-	out               *syncBuffer
+	out               *testenv.LockedBuffer
 	errs              *errLog
 	nextRx, nextCin   uint16
 	nextOut           uint16
 }
 
 // newRig builds the console over a transport rig without starting a driver.
-func newRig(t *testing.T, in io.Reader) (*transporttest.Rig, *console.Console, *syncBuffer, *errLog) {
+func newRig(t *testing.T, in io.Reader) (*transporttest.Rig, *console.Console, *testenv.LockedBuffer, *errLog) {
 	t.Helper()
 	if raceEnabled {
 		t.Skip("guest memory is shared with the device goroutine without Go synchronization, as with a real guest")
 	}
-	out := &syncBuffer{}
+	out := &testenv.LockedBuffer{}
 	errs := &errLog{}
 	con, err := console.New(in, out, console.Options{Rows: 24, Cols: 80, QueueSize: 64, OnError: errs.add})
 	require.NoError(t, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hpcvmm/hpcvmm/internal/testenv"
 	"github.com/hpcvmm/hpcvmm/virtio"
 	"github.com/hpcvmm/hpcvmm/virtio/console"
 	"github.com/hpcvmm/hpcvmm/virtio/queue/queuetest"
@@ -81,7 +82,7 @@ func bootPorts(t *testing.T, in io.Reader, ports []console.Port) *portsGuest {
 	if raceEnabled {
 		t.Skip("guest memory is shared with the device goroutine without Go synchronization, as with a real guest")
 	}
-	out := &syncBuffer{}
+	out := &testenv.LockedBuffer{}
 	errs := &errLog{}
 	con, err := console.New(in, out, console.Options{Rows: 24, Cols: 80, QueueSize: portQSize, OnError: errs.add, Ports: ports})
 	require.NoError(t, err)
