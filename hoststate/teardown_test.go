@@ -1,23 +1,15 @@
 package hoststate
 
 import (
-	"bufio"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
-	"runtime"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/hpcvmm/hpcvmm/ibvf"
 	"github.com/hpcvmm/hpcvmm/internal/testenv"
@@ -30,13 +22,7 @@ import (
 const teardownChildEnv = "HPCVMM_HOSTSTATE_TEARDOWN_CHILD"
 
 func TestMain(m *testing.M) {
-	if dir := os.Getenv(teardownChildEnv); dir != "" {
-		if err := teardownChild(dir); err != nil {
-			fmt.Println("RESULT child_error=" + strings.ReplaceAll(err.Error(), " ", "_"))
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+	testenv.RunChild(teardownChildEnv, teardownChild)
 	os.Exit(m.Run())
 }
 
@@ -64,19 +50,10 @@ var tdOriginal = ibvf.Identity{NodeGUID: 0x0211223344556677, PortGUID: 0x02aabbc
 // hpcvmm writes files opened before the filter too). The process must
 // survive it all, and leave a journal with only the VF's change.
 func teardownChild(dir string) error {
-	// The namespace is this thread's; the thread is never unlocked, and
-	// the socket stays in the namespace it was opened in.
-	runtime.LockOSThread()
-	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-		fmt.Printf("RESULT setup=unshare_%v\n", err)
+	// The socket stays in the namespace it was opened in.
+	if !testenv.VethNamespace(tdNetdev) {
 		return nil
 	}
-	// A veth, as ibvf's layout test uses (dummy may not be built).
-	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: tdNetdev}, PeerName: tdNetdev + "p"}); err != nil {
-		fmt.Printf("RESULT setup=veth_%v\n", err)
-		return nil
-	}
-	fmt.Println("RESULT setup=ok")
 
 	conn, err := ibvf.Open()
 	if err != nil {
@@ -117,32 +94,16 @@ func teardownChild(dir string) error {
 	// RTM_GETLINK after the filter: the kernel answers with the veth's
 	// link, which has no VFs.
 	_, err = conn.Identity(tdNetdev, tdIndex)
-	fmt.Printf("RESULT getlink=%s\n", answer(err, "reports no such VF", "no_such_vf"))
+	fmt.Printf("RESULT getlink=%s\n", testenv.KernelAnswer(err))
 
 	// The teardown.
 	rerr := j.Restore()
-	fmt.Printf("RESULT restore=%s\n", answer(rerr, "", ""))
+	fmt.Printf("RESULT restore=%s\n", testenv.KernelAnswer(rerr))
 	fmt.Printf("RESULT restore_says_journal=%v\n", rerr != nil && strings.Contains(rerr.Error(), "stay in journal "+j.Path()))
 	mu.Lock()
 	fmt.Printf("RESULT writes=%s\n", strings.Join(writes, ","))
 	mu.Unlock()
 	return conn.Close()
-}
-
-// answer names the kernel's answer in err: EOPNOTSUPP, EINVAL, ..., or
-// name when err contains text, "ok" for none.
-func answer(err error, text, name string) string {
-	switch {
-	case err == nil:
-		return "ok"
-	case errors.Is(err, unix.EOPNOTSUPP):
-		return "EOPNOTSUPP"
-	case errors.Is(err, unix.EINVAL):
-		return "EINVAL"
-	case text != "" && strings.Contains(err.Error(), text):
-		return name
-	}
-	return strings.ReplaceAll(err.Error(), " ", "_")
 }
 
 // TestTeardownRestoreOfVFIdentityUnderSeccomp (issue 23's follow-up): the
@@ -158,12 +119,6 @@ func answer(err error, text, name string) string {
 // and `hpcvmm unbind` (RestoreStale) then restores the VF from it. Needs
 // root (a network namespace and a veth pair).
 func TestTeardownRestoreOfVFIdentityUnderSeccomp(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testenv.SkipOrFail(t, "needs root for a network namespace and a veth pair")
-	}
-	if _, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_GET_ACTION_AVAIL, 0, 0); e == unix.ENOSYS {
-		testenv.SkipOrFail(t, "this kernel has no seccomp filter mode")
-	}
 	dir := t.TempDir()
 	sys := filepath.Join(dir, "sys")
 	pci := filepath.Join(sys, "bus/pci")
@@ -173,23 +128,8 @@ func TestTeardownRestoreOfVFIdentityUnderSeccomp(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(pci, "devices", tdVF, "driver_override"), []byte("vfio-pci\n"), 0o644))
 	require.NoError(t, os.Symlink("../../drivers/"+VFIODriver, filepath.Join(pci, "devices", tdVF, "driver")))
 
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), teardownChildEnv+"="+dir)
-	out, _ := cmd.CombinedOutput()
-	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
-	require.True(t, ok)
-	require.False(t, ws.Signaled(), "the child was killed by %v (SIGSYS: a syscall outside the filter):\n%s", ws.Signal(), out)
-	require.Equal(t, 0, ws.ExitStatus(), "child:\n%s", out)
-	res := map[string]string{}
-	sc := bufio.NewScanner(strings.NewReader(string(out)))
-	for sc.Scan() {
-		if m := regexp.MustCompile(`^RESULT (\w+)=(.*)$`).FindStringSubmatch(sc.Text()); m != nil {
-			res[m[1]] = m[2]
-		}
-	}
-	if res["setup"] != "ok" {
-		testenv.SkipOrFail(t, "cannot make a veth pair in a new network namespace here: %s", out)
-	}
+	child := testenv.StartSeccompChild(t, teardownChildEnv, dir)
+	res, out := child.Res, child.Out
 	require.Equal(t, "on", res["filter"], "child:\n%s", out)
 	assert.Equal(t, "no_such_vf", res["getlink"], "RTM_GETLINK under the filter: the kernel's answer, decoded")
 	assert.Equal(t, "EOPNOTSUPP", res["restore"], "the RTM_SETLINK of the restore under the filter: the kernel's answer")
@@ -209,7 +149,7 @@ func TestTeardownRestoreOfVFIdentityUnderSeccomp(t *testing.T) {
 	require.Len(t, f.Changes, 1)
 	assert.Equal(t, KindIBVF, f.Changes[0].Kind)
 	assert.Equal(t, tdOriginal.PortGUID, f.Changes[0].IBVF.PortGUID)
-	assert.Equal(t, cmd.Process.Pid, f.PID)
+	assert.Equal(t, child.PID, f.PID)
 
 	// hpcvmm unbind restores the VF from it.
 	pf := &fakePF{vfs: map[int]ibvf.Identity{tdIndex: {NodeGUID: 0x02ff, PortGUID: 0x02fe, Link: ibvf.LinkEnable}}}
