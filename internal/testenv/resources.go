@@ -36,7 +36,8 @@ type Resources struct {
 	Links []string
 	// Drivers maps each watched PCI device to its driver ("" for none).
 	Drivers map[string]string
-	// Journals lists the files in the host-state journal directory.
+	// Journals lists the files (not the directories) in the host-state
+	// journal directory.
 	Journals []string
 	// HeapAlloc and HeapInuse are the Go heap after a forced collection.
 	HeapAlloc, HeapInuse uint64
@@ -131,6 +132,12 @@ func Snapshot(w Watch) (Resources, error) {
 			return r, err
 		}
 		for _, e := range ents {
+			// Directories are not journals: the run directory also holds
+			// the CPU claims (cpus/, package cpuclaim), whose locks the
+			// kernel drops when a VM's process ends.
+			if e.IsDir() {
+				continue
+			}
 			r.Journals = append(r.Journals, e.Name())
 		}
 	}
