@@ -36,7 +36,6 @@ var sizeReason = regexp.MustCompile(`(?is)\bover 100 lines(:| because| since| as
 // to be here, to be removed.
 var knownOversize = []string{
 	"hoststate/hoststate.go",
-	"initramfs/cache.go",
 	"jobproto/jobproto.go",
 	"virtio/console/console.go",
 	"acpi/build.go Build",
