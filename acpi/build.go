@@ -75,25 +75,9 @@ func Build(p Platform, base uint64) (Tables, error) {
 	if err != nil {
 		return Tables{}, err
 	}
-	apic, err := madt(madtConfig{oemTableID: oem, cpus: p.CPUs, ioapic: p.IOAPIC, irq0ToGSI2: p.ISAIRQ0ToGSI2})
+	listed, err := listedTables(&p, oem)
 	if err != nil {
 		return Tables{}, err
-	}
-	mcfgT, err := mcfg(oem, p.PCI.ECAMBase, p.PCI.BusStart, p.PCI.BusEnd)
-	if err != nil {
-		return Tables{}, err
-	}
-	listed := []Table{{Signature: "APIC", Data: apic}, {Signature: "MCFG", Data: mcfgT}}
-	if !p.NoNUMATables {
-		sratT, err := srat(oem, p.CPUs, p.Memory)
-		if err != nil {
-			return Tables{}, err
-		}
-		slitT, err := slit(oem, p.distances())
-		if err != nil {
-			return Tables{}, err
-		}
-		listed = append(listed, Table{Signature: "SRAT", Data: sratT}, Table{Signature: "SLIT", Data: slitT})
 	}
 
 	// Lay out: [RSDP] DSDT FACP <listed> XSDT, sizes first since the FADT
@@ -162,4 +146,31 @@ func Build(p Platform, base uint64) (Tables, error) {
 		copy(out.Blob[t.Addr-base:], t.Data)
 	}
 	return out, nil
+}
+
+// listedTables builds the tables the XSDT lists after the FADT, in the
+// blob's order and not yet placed: APIC and MCFG, then SRAT and SLIT unless
+// p.NoNUMATables.
+func listedTables(p *Platform, oem string) ([]Table, error) {
+	apic, err := madt(madtConfig{oemTableID: oem, cpus: p.CPUs, ioapic: p.IOAPIC, irq0ToGSI2: p.ISAIRQ0ToGSI2})
+	if err != nil {
+		return nil, err
+	}
+	mcfgT, err := mcfg(oem, p.PCI.ECAMBase, p.PCI.BusStart, p.PCI.BusEnd)
+	if err != nil {
+		return nil, err
+	}
+	listed := []Table{{Signature: "APIC", Data: apic}, {Signature: "MCFG", Data: mcfgT}}
+	if !p.NoNUMATables {
+		sratT, err := srat(oem, p.CPUs, p.Memory)
+		if err != nil {
+			return nil, err
+		}
+		slitT, err := slit(oem, p.distances())
+		if err != nil {
+			return nil, err
+		}
+		listed = append(listed, Table{Signature: "SRAT", Data: sratT}, Table{Signature: "SLIT", Data: slitT})
+	}
+	return listed, nil
 }
