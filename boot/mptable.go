@@ -149,9 +149,9 @@ func WriteMPTable(mem Memory, addr uint64, cpus int) error {
 }
 
 // WriteMPTableWithOptions is WriteMPTable with extra buses and interrupt
-// entries (see MPOptions). Long on purpose: it writes the MP table's entries
-// in the order the specification fixes (processors, buses, I/O APIC,
-// interrupts), so it reads as the table does.
+// entries (see MPOptions). It is over 100 lines because it writes the MP
+// table's entries in the order the specification fixes (processors, buses,
+// I/O APIC, interrupts), so it reads as the table does.
 func WriteMPTableWithOptions(mem Memory, addr uint64, cpus int, opts MPOptions) error {
 	if err := validateMP(addr, cpus, opts); err != nil {
 		return err
