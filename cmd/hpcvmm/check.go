@@ -251,7 +251,17 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, "no passthrough-capable devices (GPUs, network/InfiniBand functions, accelerators, or devices on vfio-pci)")
 		return 0
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	if err := writeDeviceTable(stdout, rows); err != nil {
+		fmt.Fprintf(stderr, "hpcvmm devices: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// writeDeviceTable writes `hpcvmm devices`' rows to w as a table, each
+// device's VFs indented under it.
+func writeDeviceTable(w io.Writer, rows []deviceRow) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "BDF\tID\tCLASS\tNODE\tGROUP\tDRIVER\tRESET\tVFS")
 	dash := func(s string) string {
 		if s == "" {
@@ -283,11 +293,7 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 			line("  vf ", v, "")
 		}
 	}
-	if err := tw.Flush(); err != nil {
-		fmt.Fprintf(stderr, "hpcvmm devices: %v\n", err)
-		return 1
-	}
-	return 0
+	return tw.Flush()
 }
 
 // hostRootFlags adds the hidden --sysfs and --procfs flags that point a
