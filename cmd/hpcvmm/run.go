@@ -224,6 +224,9 @@ func exitStatus(err error) int {
 	return 1
 }
 
+// runRun implements `hpcvmm run`: one VM from the flags (or a job's
+// COMMAND after --, see runJob), run until the guest powers off, it fails or a
+// signal stops it.
 func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	c, f := newRunCommand()
 	if rc := c.parse(args, stdout, stderr); rc >= 0 {
@@ -240,16 +243,7 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		logOut = io.Discard
 	}
 	log := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: f.logLevel}))
-	// No transparent hugepages for the VMM's own memory. Where THP is
-	// "always" (Debian's kernels) every 2 MiB of the Go heap the VMM
-	// touches becomes a whole resident huge page: measured in the test
-	// bed, 3-5 MiB resident in the heap's mapping while the runtime's
-	// live heap was under 1 MiB. Guest RAM is hugetlb (or a shared
-	// memfd) and not affected. The flag holds for the process's later
-	// faults, so setting it before the VM is built is early enough.
-	if err := unix.Prctl(unix.PR_SET_THP_DISABLE, 1, 0, 0, 0); err != nil {
-		log.Debug("transparent hugepages stay on for the VMM's own memory", "err", err)
-	}
+	disableTHP(log)
 	sysRoot := f.cfg.SysfsRoot
 	if sysRoot == "" {
 		sysRoot = "/sys"
@@ -325,6 +319,19 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// disableTHP turns transparent hugepages off for the VMM's own memory.
+// Where THP is "always" (Debian's kernels) every 2 MiB of the Go heap the
+// VMM touches becomes a whole resident huge page: measured in the test
+// bed, 3-5 MiB resident in the heap's mapping while the runtime's live
+// heap was under 1 MiB. Guest RAM is hugetlb (or a shared memfd) and not
+// affected. The flag holds for the process's later faults, so setting it
+// before the VM is built is early enough.
+func disableTHP(log *slog.Logger) {
+	if err := unix.Prctl(unix.PR_SET_THP_DISABLE, 1, 0, 0, 0); err != nil {
+		log.Debug("transparent hugepages stay on for the VMM's own memory", "err", err)
+	}
 }
 
 // runGCPercent is the GC target while the VM runs: the heap may grow 25%

@@ -36,7 +36,6 @@ var sizeReason = regexp.MustCompile(`(?is)\bover 100 lines(:| because| since| as
 // to be here, to be removed.
 var knownOversize = []string{
 	"cmd/hpcvmm/job.go runJob",
-	"cmd/hpcvmm/run.go runRun",
 	"job/job.go Job.Run",
 }
 
