@@ -178,50 +178,12 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 	if jf.rootfs == "" && f.cfg.Initrd == "" {
 		return c.usageError(stderr, "COMMAND needs its files: give --rootfs IMAGE")
 	}
-	if f.cfg.Kernel == "" {
-		k, err := hostKernel()
-		if err != nil {
-			return fail(2, "--kernel: none given and the running kernel's release is unknown (%v): pass --kernel", err)
-		}
-		if _, err := os.Stat(k); err != nil {
-			return fail(2, "--kernel: none given and the host's kernel %s is not readable (%v): pass --kernel", k, errors.Unwrap(err))
-		}
-		f.cfg.Kernel = k
-	}
-	env, err := jobEnv(jf, os.LookupEnv)
-	if err != nil {
+	if err := defaultJobKernel(&f.cfg); err != nil {
 		return fail(2, "%v", err)
 	}
-	// Under srun, COMMAND learns its place in the job as a native task
-	// does: every SLURM_* and PMI_* variable first, so --env-file and
-	// --env override them; with srun --mpi=pmi2, PMI_FD's socket is
-	// relayed into the guest (package pmi).
-	step, err := pmi.FromEnv(os.Environ())
+	spec, step, err := jobSpec(f, jf, argv)
 	if err != nil {
 		return fail(2, "%v", err)
-	}
-	env = append(pmi.JobEnv(os.Environ()), env...)
-	spec := job.Spec{Argv: argv, Env: env, Workdir: jf.workdir, Hostname: jf.hostname, PMI: step != nil}
-	if jf.user != "" {
-		if spec.UID, spec.GID, err = parseUser(jf.user); err != nil {
-			return fail(2, "%v", err)
-		}
-		spec.SetUser = true
-	}
-	if spec.Hostname == "" {
-		spec.Hostname, _ = os.Hostname()
-	}
-	for _, g := range f.guestNets {
-		spec.Interfaces = append(spec.Interfaces, jobproto.Interface{MAC: g.MAC, Address: g.Address, Gateway: g.Gateway, DHCP: g.DHCP})
-	}
-	if len(f.cfg.Nets) > 0 {
-		for _, s := range f.jobDNS() {
-			ip := net.ParseIP(s)
-			if ip4 := ip.To4(); ip4 != nil {
-				ip = ip4
-			}
-			spec.DNS = append(spec.DNS, ip)
-		}
 	}
 
 	logOut := stderr
@@ -283,23 +245,7 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 	defer signal.Stop(sigs)
 	stopSignals := make(chan struct{})
 	defer close(stopSignals)
-	go func() {
-		for {
-			select {
-			case s := <-sigs:
-				if s == syscall.SIGWINCH {
-					if r, c := terminalSize(stdout); r != 0 && isTerm {
-						j.Resize(r, c)
-					}
-					continue
-				}
-				log.Debug("job: passing a signal to the command", "signal", s.String())
-				j.Signal(s.(syscall.Signal))
-			case <-stopSignals:
-				return
-			}
-		}
-	}()
+	go forwardJobSignals(sigs, stopSignals, j, stdout, isTerm, log)
 	if isTerm {
 		// Raw mode: keys (Ctrl-C included) go to the guest's pty, whose
 		// line discipline interprets them as a local terminal would.
@@ -320,6 +266,87 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 		log.Debug("job: ended", "status", st.String())
 	}
 	return st.ExitCode()
+}
+
+// defaultJobKernel sets cfg.Kernel, when --kernel was not given, to the
+// running kernel's image in /boot: a job boots the host's kernel unless
+// told otherwise.
+func defaultJobKernel(cfg *vmm.Config) error {
+	if cfg.Kernel != "" {
+		return nil
+	}
+	k, err := hostKernel()
+	if err != nil {
+		return fmt.Errorf("--kernel: none given and the running kernel's release is unknown (%v): pass --kernel", err)
+	}
+	if _, err := os.Stat(k); err != nil {
+		return fmt.Errorf("--kernel: none given and the host's kernel %s is not readable (%v): pass --kernel", k, errors.Unwrap(err))
+	}
+	cfg.Kernel = k
+	return nil
+}
+
+// jobSpec is the job.Spec of `hpcvmm run ... -- COMMAND` from the flags
+// and the environment, and srun's PMI step when there is one; an error
+// names the flag or variable at fault.
+func jobSpec(f *runFlags, jf *jobFlags, argv []string) (job.Spec, *pmi.Step, error) {
+	env, err := jobEnv(jf, os.LookupEnv)
+	if err != nil {
+		return job.Spec{}, nil, err
+	}
+	// Under srun, COMMAND learns its place in the job as a native task
+	// does: every SLURM_* and PMI_* variable first, so --env-file and
+	// --env override them; with srun --mpi=pmi2, PMI_FD's socket is
+	// relayed into the guest (package pmi).
+	step, err := pmi.FromEnv(os.Environ())
+	if err != nil {
+		return job.Spec{}, nil, err
+	}
+	env = append(pmi.JobEnv(os.Environ()), env...)
+	spec := job.Spec{Argv: argv, Env: env, Workdir: jf.workdir, Hostname: jf.hostname, PMI: step != nil}
+	if jf.user != "" {
+		if spec.UID, spec.GID, err = parseUser(jf.user); err != nil {
+			return job.Spec{}, nil, err
+		}
+		spec.SetUser = true
+	}
+	if spec.Hostname == "" {
+		spec.Hostname, _ = os.Hostname()
+	}
+	for _, g := range f.guestNets {
+		spec.Interfaces = append(spec.Interfaces, jobproto.Interface{MAC: g.MAC, Address: g.Address, Gateway: g.Gateway, DHCP: g.DHCP})
+	}
+	if len(f.cfg.Nets) > 0 {
+		for _, s := range f.jobDNS() {
+			ip := net.ParseIP(s)
+			if ip4 := ip.To4(); ip4 != nil {
+				ip = ip4
+			}
+			spec.DNS = append(spec.DNS, ip)
+		}
+	}
+	return spec, step, nil
+}
+
+// forwardJobSignals passes the signals hpcvmm receives to the job's
+// command until stop is closed; SIGWINCH becomes a resize of the command's
+// terminal when it has one.
+func forwardJobSignals(sigs <-chan os.Signal, stop <-chan struct{}, j *job.Job, stdout io.Writer, isTerm bool, log *slog.Logger) {
+	for {
+		select {
+		case s := <-sigs:
+			if s == syscall.SIGWINCH {
+				if r, c := terminalSize(stdout); r != 0 && isTerm {
+					j.Resize(r, c)
+				}
+				continue
+			}
+			log.Debug("job: passing a signal to the command", "signal", s.String())
+			j.Signal(s.(syscall.Signal))
+		case <-stop:
+			return
+		}
+	}
 }
 
 // prepareRootfs checks IMAGE and COMMAND before boot and returns the job's
