@@ -159,6 +159,12 @@ func (j *Job) Resize(rows, cols uint16) {
 // Run runs m, the VM given Ports, until the job ends, and returns how it
 // ended. ctx done stops the VM hard (125 unless a status came first).
 // Run may be called once.
+//
+// Run is over 100 lines because it is one event loop: the job's state
+// (status, Start sent, events pending until Ready, the shutdown stage, the
+// output drain, the VM's end) is read and written by every case of one
+// select, so its steps read in order here rather than spread over a state
+// struct and its methods.
 func (j *Job) Run(ctx context.Context, m Machine) jobproto.Status {
 	if j.ran.Swap(true) {
 		return failed("job: Run called twice")

@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"testing"
 
@@ -28,15 +27,6 @@ const (
 // sizeReason is the doc-comment phrase that lets a function run over
 // maxFuncLines: the length and, after it, the reason.
 var sizeReason = regexp.MustCompile(`(?is)\bover 100 lines(:| because| since| as)\s*\S`)
-
-// knownOversize are the files and functions over the limits when the rule
-// came (issue 24), each to be split by its package's owner; nothing may
-// join them. Listed by name, not size, so splitting one elsewhere does not
-// turn this test red; TestSizeLimits logs the entries that no longer need
-// to be here, to be removed.
-var knownOversize = []string{
-	"job/job.go Job.Run",
-}
 
 // oversize returns the files of root over maxFileLines ("path") and the
 // functions over maxFuncLines without a reason in their doc comment
@@ -111,21 +101,11 @@ func recvName(e ast.Expr) string {
 }
 
 // TestSizeLimits: no production file over 600 lines and no function over
-// 100 without a reason in its doc comment, beyond knownOversize.
+// 100 without a reason in its doc comment. Issue 24's exceptions are gone
+// (split or given their reason); nothing may become one.
 func TestSizeLimits(t *testing.T) {
 	found := oversize(t, "../..")
-	var fresh []string
-	for _, f := range found {
-		if !slices.Contains(knownOversize, f) {
-			fresh = append(fresh, f)
-		}
-	}
-	for _, k := range knownOversize {
-		if !slices.Contains(found, k) {
-			t.Logf("%s is within the limits now: remove it from knownOversize", k)
-		}
-	}
-	require.Empty(t, fresh, "over the size limits (docs/architecture.md): split the file by concern, or the function into named steps; a function better whole says why in its doc comment (\"over 100 lines because ...\")")
+	require.Empty(t, found, "over the size limits (docs/architecture.md): split the file by concern, or the function into named steps; a function better whole says why in its doc comment (\"over 100 lines because ...\")")
 }
 
 // TestSizeLimitsSeeViolations runs the check over testdata/size, where a
