@@ -298,6 +298,21 @@ func buildL1ProgramInitrd(root, cache string, a L1Artifacts, spec L1Program) (st
 	p := spec.Profile
 	im.AddBytes(filepath.Join(l1ProfilesDir, p.Name+".sh"), []byte("# setup of profile "+p.Name+", sourced by L1's /init\n"+p.Setup+"\n"), 0o644)
 	im.AddFile(l1Program, spec.Program, 0o755)
+	// A profile with an image of its own (ProfileSlurm: Slurm, the MPI
+	// rootfs) gets it here too, with nvme-cli for the passthrough setup
+	// it shares.
+	if p.ownImage() {
+		nvme, err := findNVMe()
+		if err != nil {
+			return "", err
+		}
+		if err := addDynamicProgram(im, nvme); err != nil {
+			return "", err
+		}
+		if err := addProfileFiles(im, a.Kernel, mods, p, cache); err != nil {
+			return "", err
+		}
+	}
 	if spec.Extra != nil {
 		if err := spec.Extra(im); err != nil {
 			return "", err
