@@ -186,6 +186,15 @@ func RunL1Program(ctx context.Context, a L1Artifacts, spec L1Program) (*L1Progra
 	if err != nil {
 		return nil, err
 	}
+	// The profile's per-run devices (the passthrough profiles' NVMe
+	// backing file), as for a scenario run.
+	if spec.Profile.Prepare != nil {
+		extra, err := spec.Profile.Prepare(r.Dir)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, extra...)
+	}
 	if err := os.WriteFile(filepath.Join(r.Dir, "qemu.cmdline"), []byte(shellJoin(append([]string{qemu}, args...))+"\n"), 0o644); err != nil {
 		return nil, err
 	}
