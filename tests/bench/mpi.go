@@ -5,11 +5,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/hpcvmm/hpcvmm/tests/harness"
@@ -92,8 +92,9 @@ func runMPI(ctx context.Context, cfg Config, vmm string, rep int) Sample {
 	cmd := exec.CommandContext(rctx, "srun", args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	// srun passes SIGINT on to the step, which stops hpcvmm cleanly.
-	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	// srun passes SIGTERM on to the step, which stops hpcvmm cleanly (a
+	// single SIGINT only makes srun print the step's state).
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 20 * time.Second
 	start := time.Now()
 	err := cmd.Run()
