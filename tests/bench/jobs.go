@@ -671,7 +671,7 @@ func errString(err error) string {
 
 // jobCases are the cases of this file; jobOnly reports whether cases
 // selects nothing else (the report then shows only their tables).
-var jobCases = []string{caseJob, caseJobBuild, casePingPong}
+var jobCases = []string{caseJob, caseJobBuild, casePingPong, caseMPI}
 
 func jobOnly(cases []string) bool {
 	if len(cases) == 0 {
@@ -790,6 +790,7 @@ func renderJobs(rep *Report, ix statIndex, where, whereText string) string {
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", m.label, d, t, peer, rd, rt)
 		}
 	}
+	b.WriteString(renderMPI(ix, where, whereText))
 	return b.String()
 }
 

@@ -25,7 +25,10 @@
 // the host only, the
 // prefault scaling case (scaling.go): guestmem.New on 16 GiB of 2 MiB and 1
 // GiB pages with 1 up to all of the node's CPUs, beside the machine's write
-// bandwidth. Each case runs -reps times per VMM; the tables give median, min
+// bandwidth; and, only when -cases names it, MPI across VMs (mpi.go, issue
+// 25): tests/guest/mpiapp's ping-pong between two ranks of a two-node Slurm
+// job, each rank in a VM of its own (virtio-net) against the same program
+// natively, in an L1 of its own booted with harness.ProfileSlurm. Each case runs -reps times per VMM; the tables give median, min
 // and max and the ratio hpcvmm/peer.
 //
 // Where: booting guests needs hardware KVM. On a host without it (no
@@ -104,7 +107,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.memoryMiB, "memory", o.memoryMiB, "guest RAM of the launch case in MiB")
 	fs.StringVar(&o.render, "render", "", "only re-render the Markdown of an earlier bench-*.json to stdout")
 	fs.StringVar(&o.launchPages, "launch-pages", o.launchPages, "guest RAM of the booting cases: 2M (hpcvmm --hugepages 2M, QEMU a prefaulted 2 MiB hugetlb memfd backend) or 4K (hpcvmm --hugepages none, QEMU its default RAM)")
-	cases := fs.String("cases", "", "comma-separated cases to run: launch, defaults, memory, net, console, prefault, dma-map, prefault-scaling, job, job-build, pingpong (default: all; prefault-scaling alone builds nothing and needs only hugepages)")
+	cases := fs.String("cases", "", "comma-separated cases to run: launch, defaults, memory, net, console, prefault, dma-map, prefault-scaling, job, job-build, pingpong, mpi (default: all but mpi; prefault-scaling alone builds nothing and needs only hugepages; mpi boots an L1 of its own with the Slurm cluster)")
 	fs.IntVar(&o.scaling.gib, "scaling-gib", o.scaling.gib, "prefault-scaling: guest RAM per run in GiB (the case is specified at 16 or more)")
 	fs.IntVar(&o.scaling.node, "scaling-node", o.scaling.node, "prefault-scaling: NUMA node for the RAM and the workers' CPUs (-1: the node of the first CPU this process may use)")
 	fs.IntVar(&o.scaling.rounds, "scaling-rounds", o.scaling.rounds, "prefault-scaling: measured rounds per worker count and page size")
@@ -116,10 +119,10 @@ func parseFlags(args []string) (options, error) {
 	if *cases != "" {
 		for _, c := range strings.Split(*cases, ",") {
 			switch c = strings.TrimSpace(c); c {
-			case caseLaunch, caseDefaults, caseMemory, caseNet, caseConsole, casePrefault, caseDMAMap, casePrefaultScaling, caseJob, caseJobBuild, casePingPong:
+			case caseLaunch, caseDefaults, caseMemory, caseNet, caseConsole, casePrefault, caseDMAMap, casePrefaultScaling, caseJob, caseJobBuild, casePingPong, caseMPI:
 				o.cases = append(o.cases, c)
 			default:
-				return o, fmt.Errorf("-cases: unknown case %q: want launch, defaults, memory, net, console, prefault, dma-map, prefault-scaling, job, job-build or pingpong", c)
+				return o, fmt.Errorf("-cases: unknown case %q: want launch, defaults, memory, net, console, prefault, dma-map, prefault-scaling, job, job-build, pingpong or mpi", c)
 			}
 		}
 	}

@@ -122,16 +122,21 @@ func outer(ctx context.Context, o options) (*Report, error) {
 	// The static copy for L1 is built now, with everything else, rather
 	// than after the host cases: the tree is shared with other work.
 	inner := filepath.Join(benchCache, "bench-inner")
-	if where == whereL1 {
+	if where == whereL1 || wantsMPI(o.cases) {
 		if err := buildSelf(inner); err != nil {
 			return rep, err
 		}
 	}
-	gokvm, gokvmVersion, gokvmErr := buildGoKVM(ctx, benchCache, o.gokvm)
-	if gokvmErr != nil {
-		progress("gokvm did not build: %v", gokvmErr)
+	mpiOnly := slices.Equal(o.cases, []string{caseMPI})
+	var gokvm, gokvmVersion string
+	var gokvmErr error
+	if !mpiOnly {
+		gokvm, gokvmVersion, gokvmErr = buildGoKVM(ctx, benchCache, o.gokvm)
+		if gokvmErr != nil {
+			progress("gokvm did not build: %v", gokvmErr)
+		}
+		rep.Host["gokvm_version"] = gokvmVersion
 	}
-	rep.Host["gokvm_version"] = gokvmVersion
 
 	cfg := Config{
 		Reps:      o.reps,
@@ -220,6 +225,18 @@ func outer(ctx context.Context, o options) (*Report, error) {
 		}
 	}
 
+	if wantsMPI(o.cases) {
+		// Its own L1 (the Slurm cluster), then the rest as usual.
+		err := runMPIInL1(ctx, o, art, inner, cfg, rep)
+		o.cases = slices.DeleteFunc(slices.Clone(o.cases), func(c string) bool {
+			return c == caseMPI || c == caseJobBuild || c == casePrefaultScaling // done above, on the host
+		})
+		if len(o.cases) == 0 || err != nil {
+			return rep, err
+		}
+		cfg.Cases = o.cases
+	}
+
 	switch where {
 	case whereHost:
 		cfg.Where = whereHost
@@ -302,7 +319,7 @@ func runInL1(ctx context.Context, o options, art harness.L1Artifacts, inner stri
 		l1.Done, l1.FailedVMMs, l1.FailedRuns = doneSoFar(rep.Samples)
 		// L1's own boot (10-20 s) and the teardown come out of the limit.
 		l1.BudgetSec = int((left - 60*time.Second).Seconds())
-		run, finished, err := bootL1Once(ctx, art, inner, cfg, l1, left, boot, rep)
+		run, finished, err := bootL1Once(ctx, art, inner, harness.ProfileBench, cfg, l1, left, boot, rep)
 		if err != nil || finished || run == nil || !(run.Idle || run.Hung || run.LockedUp) || ctx.Err() != nil {
 			return err
 		}
@@ -311,20 +328,20 @@ func runInL1(ctx context.Context, o options, art harness.L1Artifacts, inner stri
 
 // bootL1Once boots one L1 with the suite and merges its results into rep.
 // finished is true when the suite inside reached its end.
-func bootL1Once(ctx context.Context, art harness.L1Artifacts, inner string, cfg, l1 Config, limit time.Duration, boot int, rep *Report) (*harness.L1ProgramRun, bool, error) {
+func bootL1Once(ctx context.Context, art harness.L1Artifacts, inner string, profile harness.Profile, cfg, l1 Config, limit time.Duration, boot int, rep *Report) (*harness.L1ProgramRun, bool, error) {
 	cfgJSON, err := json.MarshalIndent(l1, "", "  ")
 	if err != nil {
 		return nil, false, err
 	}
 	spec := harness.L1Program{
-		Name:    "bench",
-		Profile: harness.ProfileBench,
+		Name:    "bench-" + profile.Name,
+		Profile: profile,
 		Program: inner,
 		Timeout: limit,
 		// Every run announces itself on the result port; silence for
 		// longer than the longest run (a DMA-map run: its limit plus the
 		// minute its VMM gets to unpin and exit) means L1 itself hung.
-		Idle: max(l1.VMTimeout, l1.NetTimeout, l1.ConsoleLimit, l1.DMAMap.Timeout+time.Minute) + 30*time.Second,
+		Idle: max(l1.VMTimeout, l1.NetTimeout, l1.ConsoleLimit, l1.DMAMap.Timeout+time.Minute, l1.MPITimeout+30*time.Second) + 30*time.Second,
 		// A frozen L1 says so on its console long before the idle limit:
 		// seen twice on 2026-11-24, both CPUs in a soft lockup that only
 		// grew (22 s, 48 s, ... 205 s) until the idle limit killed it.
@@ -386,6 +403,31 @@ func bootL1Once(ctx context.Context, art harness.L1Artifacts, inner string, cfg,
 		}
 	}
 	return run, finished, err
+}
+
+// runMPIInL1 boots ProfileSlurm's L1 (its setup starts the two-node
+// Slurm cluster; its image has the MPI rootfs) with the suite running only
+// the mpi case, and merges what it reported into rep. One boot: a hung L1
+// is noted, and what it measured before is kept.
+func runMPIInL1(ctx context.Context, o options, art harness.L1Artifacts, inner string, cfg Config, rep *Report) error {
+	l1 := Config{
+		Where:      whereL1,
+		Reps:       o.reps,
+		Kernel:     "/hpcvmm/l2/vmlinuz",
+		HPCVMM:     "/hpcvmm/bin/hpcvmm",
+		Cases:      []string{caseMPI},
+		MemoryMiB:  cfg.MemoryMiB,
+		VMTimeout:  cfg.VMTimeout,
+		MPITimeout: 5 * time.Minute,
+		BudgetSec:  int((o.timeout - time.Minute).Seconds()),
+	}
+	if len(o.cases) == 1 {
+		rep.Config = l1
+	}
+	progress("the mpi case: booting the Slurm L1")
+	// Nothing of the bench L1's extras (QEMU, gokvm, the job files).
+	_, _, err := bootL1Once(ctx, art, inner, harness.ProfileSlurm, Config{}, l1, o.timeout, 1, rep)
+	return err
 }
 
 // doneSoFar lists the L1 runs already taken and the case|VMM pairs whose

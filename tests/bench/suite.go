@@ -56,6 +56,7 @@ type Config struct {
 	PingPong      string          `json:"pingpong,omitempty"`        // the static pinger (tests/guest/pingpong)
 	PingPongError string          `json:"pingpong_error,omitempty"`  // why it is missing
 	JobSec        int             `json:"job_s,omitempty"`           // time kept for the job and pingpong cases
+	MPITimeout    time.Duration   `json:"mpi_timeout_ns,omitempty"`  // one srun of the mpi case (mpi.go)
 	Done          map[string]bool `json:"done,omitempty"`            // samples an earlier L1 boot already took (sampleKey)
 	FailedVMMs    map[string]bool `json:"failed,omitempty"`          // case|VMM pairs that failed in an earlier L1 boot
 	FailedRuns    map[string]int  `json:"failed_runs,omitempty"`     // how many runs of each case|VMM failed there
@@ -167,6 +168,10 @@ func runSuite(ctx context.Context, cfg Config, out sink) {
 		jcancel()
 	} else if cfg.wants(caseJob) || cfg.wants(casePingPong) {
 		out.note("job and pingpong cases: skipped on this host (no usable hardware /dev/kvm; they run inside L1)")
+	}
+	// The mpi case runs only when named, in the Slurm L1 (mpi.go).
+	if canBoot && wantsMPI(cfg.Cases) {
+		runMPIs(ctx, cfg, out)
 	}
 	if cfg.wants(casePrefault) {
 		pctx, pcancel := context.WithDeadline(ctx, deadline.Add(-lastReserve))

@@ -432,16 +432,9 @@ func buildL1Initrd(root, cache string, in l1Inputs, p Profile) (path string, reb
 	if err != nil {
 		return "", false, err
 	}
-	nvme, err := exec.LookPath("nvme")
+	nvme, err := findNVMe()
 	if err != nil {
-		for _, p := range []string{"/usr/sbin/nvme", "/sbin/nvme"} {
-			if _, serr := os.Stat(p); serr == nil {
-				nvme, err = p, nil
-			}
-		}
-		if err != nil {
-			return "", false, errors.New("nvme-cli not found: run tests/testbed-packages.sh (installs nvme-cli)")
-		}
+		return "", false, err
 	}
 	im := NewImage()
 	im.AddFile("/init", filepath.Join(root, "tests", "l1", "init.sh"), 0o755)
@@ -465,32 +458,55 @@ func buildL1Initrd(root, cache string, in l1Inputs, p Profile) (path string, reb
 	}
 	out := filepath.Join(cache, "l1.cpio")
 	if p.ownImage() {
-		if len(p.Modules) > 0 {
-			extra, err := ModuleDeps(in.kernel, p.Modules)
-			if err != nil {
-				return "", false, fmt.Errorf("profile %s: %w", p.Name, err)
-			}
-			// The common modules are loaded already; their files are in
-			// the image, so only the new ones are listed.
-			var fresh []string
-			for _, f := range extra {
-				if !slices.Contains(mods, f) {
-					fresh = append(fresh, f)
-				}
-			}
-			if err := addModules(im, in.kernel, fresh, filepath.Join(l1ProfilesDir, p.Name+l1ProfileModulesExt), cache); err != nil {
-				return "", false, err
-			}
-		}
-		if p.Files != nil {
-			if err := p.Files(im); err != nil {
-				return "", false, fmt.Errorf("profile %s: %w", p.Name, err)
-			}
+		if err := addProfileFiles(im, in.kernel, mods, p, cache); err != nil {
+			return "", false, err
 		}
 		out = filepath.Join(cache, "l1-"+p.Name+".cpio")
 	}
 	rebuilt, err = im.Build(out, false)
 	return out, rebuilt, err
+}
+
+// findNVMe finds nvme-cli, which the passthrough profiles' setup runs.
+func findNVMe() (string, error) {
+	if nvme, err := exec.LookPath("nvme"); err == nil {
+		return nvme, nil
+	}
+	for _, p := range []string{"/usr/sbin/nvme", "/sbin/nvme"} {
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", errors.New("nvme-cli not found: run tests/testbed-packages.sh (installs nvme-cli)")
+}
+
+// addProfileFiles adds what profile p has beyond the common L1 image: its
+// modules (Profile.Modules, less mods, which the image has and loads
+// already) with their load-order list, and its files (Profile.Files).
+func addProfileFiles(im *Image, k Kernel, mods []string, p Profile, cache string) error {
+	if len(p.Modules) > 0 {
+		extra, err := ModuleDeps(k, p.Modules)
+		if err != nil {
+			return fmt.Errorf("profile %s: %w", p.Name, err)
+		}
+		// The common modules are loaded already; their files are in
+		// the image, so only the new ones are listed.
+		var fresh []string
+		for _, f := range extra {
+			if !slices.Contains(mods, f) {
+				fresh = append(fresh, f)
+			}
+		}
+		if err := addModules(im, k, fresh, filepath.Join(l1ProfilesDir, p.Name+l1ProfileModulesExt), cache); err != nil {
+			return err
+		}
+	}
+	if p.Files != nil {
+		if err := p.Files(im); err != nil {
+			return fmt.Errorf("profile %s: %w", p.Name, err)
+		}
+	}
+	return nil
 }
 
 // BuildEduMSI builds tests/guest/edumsi (an out-of-tree module that drives

@@ -186,6 +186,15 @@ func RunL1Program(ctx context.Context, a L1Artifacts, spec L1Program) (*L1Progra
 	if err != nil {
 		return nil, err
 	}
+	// The profile's per-run devices (the passthrough profiles' NVMe
+	// backing file), as for a scenario run.
+	if spec.Profile.Prepare != nil {
+		extra, err := spec.Profile.Prepare(r.Dir)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, extra...)
+	}
 	if err := os.WriteFile(filepath.Join(r.Dir, "qemu.cmdline"), []byte(shellJoin(append([]string{qemu}, args...))+"\n"), 0o644); err != nil {
 		return nil, err
 	}
@@ -298,6 +307,21 @@ func buildL1ProgramInitrd(root, cache string, a L1Artifacts, spec L1Program) (st
 	p := spec.Profile
 	im.AddBytes(filepath.Join(l1ProfilesDir, p.Name+".sh"), []byte("# setup of profile "+p.Name+", sourced by L1's /init\n"+p.Setup+"\n"), 0o644)
 	im.AddFile(l1Program, spec.Program, 0o755)
+	// A profile with an image of its own (ProfileSlurm: Slurm, the MPI
+	// rootfs) gets it here too, with nvme-cli for the passthrough setup
+	// it shares.
+	if p.ownImage() {
+		nvme, err := findNVMe()
+		if err != nil {
+			return "", err
+		}
+		if err := addDynamicProgram(im, nvme); err != nil {
+			return "", err
+		}
+		if err := addProfileFiles(im, a.Kernel, mods, p, cache); err != nil {
+			return "", err
+		}
+	}
 	if spec.Extra != nil {
 		if err := spec.Extra(im); err != nil {
 			return "", err
