@@ -86,15 +86,7 @@ func TestCPUModeIdleExits(t *testing.T) {
 		const window = 30 * time.Second
 		halts := map[string]uint64{}
 		for _, mode := range []string{"dedicated", "shared"} {
-			before := kvmVMDirs(t)
-			vm := env.StartVM(t, "run",
-				"--kernel", env.L2Kernel(t), "--initrd", env.L2Initrd(t),
-				"--cmdline", "console=ttyS0 reboot=k panic=-1 hpcvmm.scenario=boot hpcvmm.hold=45",
-				"--cpus", "1", "--memory", "256M", "--hugepages", "none", "--cpu-mode", mode)
-			_, ok := vm.WaitForLine("HPCVMM-GUEST-MARKER holding", 3*time.Minute)
-			require.True(t, ok, "%s: the guest never reached its hold", mode)
-			assert.Contains(t, vm.Log(), `msg="CPU mode" mode=`+mode, "%s: the mode hpcvmm chose", mode)
-			dir := newVMDir(t, before)
+			vm, dir := startIdleGuest(t, env, mode)
 			h0, e0 := kvmCounter(t, dir, "halt_exits"), kvmCounter(t, dir, "exits")
 			time.Sleep(window)
 			h1, e1 := kvmCounter(t, dir, "halt_exits"), kvmCounter(t, dir, "exits")
@@ -114,6 +106,34 @@ func TestCPUModeIdleExits(t *testing.T) {
 		assert.LessOrEqual(t, halts["dedicated"], uint64(10), "dedicated: HLT stays in the guest")
 		assert.Greater(t, halts["shared"], 10*halts["dedicated"]+100, "shared: idle vCPUs exit on HLT")
 	})
+}
+
+// emulatedBootAttempts bounds the boots of one idle guest: QEMU's TCG
+// emulation of nested SVM loses some L2 guests in early boot (a triple
+// fault, seen in dedicated mode: harness.TestbedCPUMode), which is the
+// emulator's failure, not the CPU mode's; each lost boot is recorded.
+const emulatedBootAttempts = 3
+
+// startIdleGuest boots the idle 1-vCPU guest in mode and returns it, once
+// it holds, with its KVM debugfs directory.
+func startIdleGuest(t *testing.T, env *harness.Env, mode string) (*harness.VMProcess, string) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		before := kvmVMDirs(t)
+		vm := env.StartVM(t, "run",
+			"--kernel", env.L2Kernel(t), "--initrd", env.L2Initrd(t),
+			"--cmdline", "console=ttyS0 reboot=k panic=-1 hpcvmm.scenario=boot hpcvmm.hold=45",
+			"--cpus", "1", "--memory", "256M", "--hugepages", "none", "--cpu-mode", mode)
+		_, ok := vm.WaitForLine("HPCVMM-GUEST-MARKER holding", 3*time.Minute)
+		if !ok && vm.Exited() && strings.Contains(vm.Log(), "triple fault") && attempt < emulatedBootAttempts {
+			t.Logf("%s: boot %d: the L2 guest triple-faulted before its hold (emulated nested SVM); booting it again", mode, attempt)
+			env.Record(t, fmt.Sprintf("%s_lost_boot_%d", mode, attempt), harness.Tail(vm.Log(), 1))
+			continue
+		}
+		require.True(t, ok, "%s: the guest never reached its hold (boot %d)", mode, attempt)
+		assert.Contains(t, vm.Log(), `msg="CPU mode" mode=`+mode, "%s: the mode hpcvmm chose", mode)
+		return vm, newVMDir(t, before)
+	}
 }
 
 // vcpuHostCPU waits for vCPU 0's thread of the VM and returns the host CPU

@@ -46,7 +46,7 @@ type jobResult struct {
 // jobArgs are the flags every job scenario boots with: the test bed's L2
 // kernel, one vCPU, 512 MiB on 4 KiB pages.
 func jobArgs(t *testing.T, env *harness.Env, extra ...string) []string {
-	return append([]string{"run", "--kernel", env.L2Kernel(t), "--cpus", "1", "--memory", "512M", "--hugepages", "none"}, extra...)
+	return env.VMArgs(append([]string{"run", "--kernel", env.L2Kernel(t), "--cpus", "1", "--memory", "512M", "--hugepages", "none"}, extra...))
 }
 
 // runJob runs hpcvmm with args, stdin and stdout as given (nil: empty
@@ -55,7 +55,7 @@ func runJob(t *testing.T, env *harness.Env, stdin io.Reader, stdout io.Writer, d
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, env.HPCVMM(t), args...)
+	cmd := exec.CommandContext(ctx, env.HPCVMM(t), env.VMArgs(args)...)
 	var out, errOut testenv.LockedBuffer
 	cmd.Stdin = stdin
 	cmd.Stdout = &out

@@ -3,16 +3,22 @@
 package tests
 
 import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
 
+	"github.com/hpcvmm/hpcvmm/internal/testenv"
 	"github.com/hpcvmm/hpcvmm/tests/harness"
 )
 
@@ -45,7 +51,7 @@ func mpiVMArgs(t *testing.T, env *harness.Env, extra ...string) []string {
 		env.HPCVMM(t), "run", "--kernel", env.L2Kernel(t), "--cpus", "1", "--memory", "512M", "--hugepages", "none",
 		"--rootfs", harness.MPIRoot,
 		"--net", "tap=hpvmpi+rank,bridge=" + harness.SlurmBridge + ",ip=10.78.0.20/24+rank"}
-	return append(append(a, extra...), "--", harness.MPIApp)
+	return env.VMArgs(append(append(a, extra...), "--", harness.MPIApp))
 }
 
 // TestMPIAcrossVMs: `srun --mpi=pmi2 -N2 --ntasks-per-node=1 hpcvmm run
@@ -82,5 +88,75 @@ func TestMPIAcrossVMs(t *testing.T) {
 		assert.Equal(t, 3, f.code, "srun's exit status is the failed rank's")
 		assert.Equal(t, want, mpiRanks(f.stdout), "both ranks still printed before rank 1 exited")
 		env.Record(t, "failed_rank_srun_exit", strconv.Itoa(f.code))
+
+		t.Run("scancel", func(t *testing.T) { mpiScancel(t, env) })
 	})
+}
+
+// mpiScancel: scancel of a running two-VM MPI job. Slurm's SIGTERM reaches
+// each hpcvmm, which passes it to its rank inside the guest: both ranks
+// print that they got it and exit, both VMs power off and hpcvmm exits
+// before Slurm's KillWait (30 s in the test cluster) would SIGKILL it, and
+// neither rank's TAP is left behind.
+func mpiScancel(t *testing.T, env *harness.Env) {
+	ctx, cancel := context.WithTimeout(context.Background(), slurmTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "srun", append([]string{"--job-name=mpihold"}, mpiVMArgs(t, env, "--env", "MPI_APP_HOLD=1")...)...)
+	var out, errb testenv.LockedBuffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	require.NoError(t, cmd.Start())
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+
+	deadline := time.Now().Add(5 * time.Minute)
+	for strings.Count(out.String(), " holding") < 2 {
+		select {
+		case err := <-done:
+			t.Fatalf("srun ended (%v) before both ranks held\nstdout:\n%s\nstderr:\n%s", err, out.String(), harness.Tail(errb.String(), 40))
+		case <-time.After(500 * time.Millisecond):
+		}
+		require.True(t, time.Now().Before(deadline), "both ranks never held\nstdout:\n%s\nstderr:\n%s", out.String(), harness.Tail(errb.String(), 40))
+	}
+	id, err := exec.Command("squeue", "-h", "-n", "mpihold", "-o", "%i").Output()
+	require.NoError(t, err, "squeue")
+	job := strings.TrimSpace(string(id))
+	require.NotEmpty(t, job, "squeue found no job mpihold")
+
+	start := time.Now()
+	o, err := exec.Command("scancel", job).CombinedOutput()
+	require.NoError(t, err, "scancel %s: %s", job, o)
+	select {
+	case <-done:
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("srun still running 3 minutes after scancel\nstdout:\n%s\nstderr:\n%s", out.String(), harness.Tail(errb.String(), 40))
+	}
+	took := time.Since(start)
+	t.Logf("scancel %s: srun ended %v later\nstdout:\n%s\nstderr tail:\n%s", job, took.Round(time.Millisecond), out.String(), harness.Tail(errb.String(), 20))
+	env.Record(t, "scancel_to_srun_exit_ms", strconv.FormatInt(took.Milliseconds(), 10))
+	for _, r := range []string{"rank=0 got SIGTERM", "rank=1 got SIGTERM"} {
+		assert.Contains(t, out.String(), r, "the SIGTERM reached the rank in its VM")
+	}
+	assert.Less(t, took, 30*time.Second, "every VM ended before Slurm's KillWait (SIGKILL)")
+	for _, tap := range []string{"hpvmpi0", "hpvmpi1"} {
+		_, err := netlink.LinkByName(tap)
+		assert.Error(t, err, "%s: the TAP hpcvmm created is gone", tap)
+	}
+	assert.Empty(t, hpcvmmRuns(), "no hpcvmm run left")
+}
+
+// hpcvmmRuns lists the PIDs of the hpcvmm run processes alive in L1.
+func hpcvmmRuns() []string {
+	var pids []string
+	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range cmdlines {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if len(args) > 1 && filepath.Base(args[0]) == "hpcvmm" && args[1] == "run" {
+			pids = append(pids, filepath.Base(filepath.Dir(f)))
+		}
+	}
+	return pids
 }

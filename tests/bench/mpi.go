@@ -56,8 +56,9 @@ func mpiSrunArgs(cfg Config, vmm string) []string {
 	if vmm == vmmMPINative {
 		return append(a, "--export=ALL,LD_LIBRARY_PATH="+harness.MPILibraryPath, harness.MPIRoot+harness.MPIApp, "pingpong")
 	}
+	// The test bed's CPU mode (harness.TestbedCPUMode says why).
 	return append(a, cfg.HPCVMM, "run", "--kernel", cfg.Kernel, "--cpus", "1", "--memory", "512M", "--hugepages", "none",
-		"--rootfs", harness.MPIRoot, "--net", "tap="+mpiTap+",bridge="+harness.SlurmBridge+",ip="+mpiIP,
+		"--cpu-mode", harness.TestbedCPUMode, "--rootfs", harness.MPIRoot, "--net", "tap="+mpiTap+",bridge="+harness.SlurmBridge+",ip="+mpiIP,
 		"--", harness.MPIApp, "pingpong")
 }
 

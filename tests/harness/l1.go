@@ -70,11 +70,13 @@ func runL1(t *testing.T, p Profile) {
 		if skip, ok := retrySkip(r, flagValue("test.skip")); ok {
 			// An L1 that went silent for the stall limit is a hang of the
 			// emulated L1 (QEMU 7.2's TCG has lost L1's timer wakeup, leaving
-			// it halted with interrupts on), not a scenario's verdict: the
+			// it halted with interrupts on), and one that reset without its
+			// /init's exit record a crash of the emulated L1 (a triple fault:
+			// with -no-reboot QEMU exits 0), not a scenario's verdict: the
 			// scenarios it did not finish get one fresh L1. A scenario that
-			// hangs L1 again fails as before.
-			t.Logf("L1 (profile %s) hung during %q; booting a fresh L1 once for the scenarios that did not finish (HPCVMM_SKIP=%s)",
-				p.Name, r.results.LastStarted, skip)
+			// loses L1 again fails as before.
+			t.Logf("L1 (profile %s) %s during %q; booting a fresh L1 once for the scenarios that did not finish (HPCVMM_SKIP=%s)",
+				p.Name, r.lostHow(), r.results.LastStarted, skip)
 			again := bootL1(t, p, skip)
 			again.earlier = r
 			r = again
@@ -89,13 +91,32 @@ func runL1(t *testing.T, p Profile) {
 	reportL1(t, r)
 }
 
-// retrySkip decides whether the scenarios of a stalled L1 boot get a
+// lost reports whether L1 ended without reporting on its scenarios: it
+// stalled, or it stopped with no exit or abort record from its /init
+// (reset) although QEMU neither failed nor hit the boot's time limit.
+func (r *l1Run) lost() bool {
+	if r.stalled {
+		return true
+	}
+	return r.err == nil && !r.hung && r.results != nil &&
+		r.results.L1["exit"] == nil && r.results.L1["abort"] == nil
+}
+
+// lostHow says how L1 was lost, for the log.
+func (r *l1Run) lostHow() string {
+	if r.stalled {
+		return "hung"
+	}
+	return "reset (no exit record)"
+}
+
+// retrySkip decides whether the scenarios of a lost L1 boot get a
 // second boot and returns the -test.skip pattern for it: the caller's
 // pattern plus every top-level test that already has its outcome.
 // Patterns with '/' are split per subtest level by go test and cannot be
 // joined safely; then there is no retry.
 func retrySkip(r *l1Run, skip string) (string, bool) {
-	if r.err != nil || !r.stalled || r.earlier != nil || r.results == nil || strings.Contains(skip, "/") {
+	if r.err != nil || !r.lost() || r.earlier != nil || r.results == nil || strings.Contains(skip, "/") {
 		return "", false
 	}
 	var done []string

@@ -36,7 +36,7 @@ func buildMPIApp(cache string) (string, error) {
 	}
 	mpicc, err := exec.LookPath("mpicc")
 	if err != nil {
-		return "", fmt.Errorf("mpicc not found: run tests/setup.sh (installs mpich and libmpich-dev): %w", err)
+		return "", fmt.Errorf("mpicc not found: run tests/testbed-packages.sh (installs mpich and libmpich-dev): %w", err)
 	}
 	out := filepath.Join(cache, "mpi_app")
 	src := filepath.Join(root, "tests", "guest", "mpiapp", "mpi_app.c")
@@ -72,7 +72,7 @@ func mpiLibraries(app string) ([]string, error) {
 	for _, p := range ucxPlugins {
 		plugin := filepath.Join(dir, p)
 		if _, err := os.Stat(plugin); err != nil {
-			return nil, fmt.Errorf("UCX plugin %s: %w (run tests/setup.sh: installs mpich)", plugin, err)
+			return nil, fmt.Errorf("UCX plugin %s: %w (run tests/testbed-packages.sh: installs mpich)", plugin, err)
 		}
 		libs = append(libs, plugin)
 		if err := add(plugin); err != nil {

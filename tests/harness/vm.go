@@ -44,12 +44,14 @@ type VMProcess struct {
 }
 
 // StartVM runs hpcvmm with args (e.g. "run", "--kernel", env.L2Kernel(t),
-// ...) under a timeout (HPCVMM_VM_TIMEOUT, default 4m). The process is
+// ...) under a timeout (HPCVMM_VM_TIMEOUT, default 4m); inside L1 a run
+// without --cpu-mode gets TestbedCPUMode (Env.VMArgs). The process is
 // killed when t ends; if t failed, the L2 console and hpcvmm log tails are
 // printed (and, inside L1, sent to the outer side).
 func (e *Env) StartVM(t testing.TB, args ...string) *VMProcess {
 	t.Helper()
 	bin := e.HPCVMM(t)
+	args = e.VMArgs(args)
 	timeout := defaultVMTimeout
 	if s := os.Getenv("HPCVMM_VM_TIMEOUT"); s != "" {
 		d, err := time.ParseDuration(s)

@@ -37,7 +37,7 @@ func TestWatchProgressFiresOnlyWhenNothingGrows(t *testing.T) {
 	}
 }
 
-func TestRetrySkipRerunsOnlyWhatAStalledBootLeftOpen(t *testing.T) {
+func TestRetrySkipRerunsOnlyWhatALostBootLeftOpen(t *testing.T) {
 	res := &Results{Tests: map[string]*TestResult{
 		"TestBootStockKernel":                   {Status: StatusPass},
 		"TestCheckPassthrough":                  {Status: StatusSkip}, // another profile's
@@ -57,8 +57,15 @@ func TestRetrySkipRerunsOnlyWhatAStalledBootLeftOpen(t *testing.T) {
 
 	_, ok = retrySkip(stalled, "TestX/sub")
 	assert.False(t, ok, "a per-level skip pattern cannot be joined")
-	_, ok = retrySkip(&l1Run{results: res}, "")
-	assert.False(t, ok, "a boot that did not stall is not retried")
+	finishedRes := *res
+	finishedRes.L1 = map[string]map[string]string{"exit": {"code": "1"}}
+	_, ok = retrySkip(&l1Run{results: &finishedRes}, "")
+	assert.False(t, ok, "a boot whose runner exited is not retried")
+	_, ok = retrySkip(&l1Run{results: &finishedRes, hung: true}, "")
+	assert.False(t, ok, "a boot past its time limit is not retried")
+	skip, ok = retrySkip(&l1Run{results: res}, "")
+	assert.True(t, ok, "a boot that reset with no exit record is retried")
+	assert.Equal(t, "^(TestBootStockKernel|TestCheckPassthrough|TestConsoleRoundTrip)$", skip)
 	_, ok = retrySkip(&l1Run{stalled: true, results: res, earlier: stalled}, "")
 	assert.False(t, ok, "only one retry")
 }

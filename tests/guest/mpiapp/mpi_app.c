@@ -12,8 +12,12 @@
  *
  * MPI_APP_EXIT_RANK=R MPI_APP_EXIT_CODE=C in the environment: rank R exits
  * with status C after MPI_Finalize (so srun reports a failed task).
+ * MPI_APP_HOLD=1: after its line every rank waits for SIGTERM, then prints
+ * "rank=R got SIGTERM" and exits 143 (what scancel's SIGTERM reaching the
+ * program looks like).
  */
 #include <mpi.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,9 +29,40 @@ static int getenv_int(const char *name, int def)
 	return v && *v ? atoi(v) : def;
 }
 
+static volatile sig_atomic_t got_term;
+
+static void on_term(int sig)
+{
+	(void)sig;
+	got_term = 1;
+}
+
+/* hold waits for SIGTERM (MPI_APP_HOLD) and reports it. */
+static void hold(int rank)
+{
+	struct sigaction sa;
+	sigset_t block, old;
+
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = on_term;
+	sigaction(SIGTERM, &sa, NULL);
+	sigemptyset(&block);
+	sigaddset(&block, SIGTERM);
+	sigprocmask(SIG_BLOCK, &block, &old);
+	printf("rank=%d holding\n", rank);
+	fflush(stdout);
+	while (!got_term)
+		sigsuspend(&old);
+	printf("rank=%d got SIGTERM\n", rank);
+	fflush(stdout);
+	_exit(143);
+}
+
 static void pingpong(int rank)
 {
-	enum { LAT_ITERS = 1000, BW_ITERS = 50, BIG = 1 << 20 };
+	/* Few iterations: inside the emulated test bed a nested round trip takes
+	 * tens of milliseconds. */
+	enum { LAT_ITERS = 200, BW_ITERS = 20, BIG = 1 << 20 };
 	char *buf = calloc(1, BIG);
 	double t0, lat, bw;
 	int i;
@@ -93,6 +128,8 @@ int main(int argc, char **argv)
 		printf("rank=%d size=%d host=%s sum=%d token=%d\n", rank, size, host, sum, rank == 0 ? token : 0);
 	}
 	fflush(stdout);
+	if (getenv_int("MPI_APP_HOLD", 0))
+		hold(rank);
 	if (getenv_int("MPI_APP_EXIT_RANK", -1) == rank)
 		exit_code = getenv_int("MPI_APP_EXIT_CODE", 0);
 	MPI_Finalize();
