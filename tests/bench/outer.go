@@ -615,7 +615,7 @@ func buildJobArtifacts(dir string, cfg *Config) error {
 		}
 	}
 	if bb == "" {
-		return fmt.Errorf("job cases: busybox not found: run tests/setup.sh (installs busybox-static)")
+		return fmt.Errorf("job cases: busybox not found: run tests/testbed-packages.sh (installs busybox-static)")
 	}
 	cfg.Busybox = bb
 	im := harness.NewImage()

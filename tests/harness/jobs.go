@@ -34,7 +34,7 @@ var ProfileJobs = func() Profile {
 		}
 		// The DHCP server of the ip=dhcp scenario.
 		if _, err := os.Stat(jobsDnsmasq); err != nil {
-			return fmt.Errorf("%s: %w (run tests/setup.sh: installs dnsmasq)", jobsDnsmasq, err)
+			return fmt.Errorf("%s: %w (run tests/testbed-packages.sh: installs dnsmasq)", jobsDnsmasq, err)
 		}
 		return addDynamicProgram(im, jobsDnsmasq)
 	}
@@ -77,7 +77,7 @@ func AddJobModules(im *Image) error {
 	for _, idx := range jobModuleIndexes {
 		p := filepath.Join(k.Modules, idx)
 		if _, err := os.Stat(p); err != nil {
-			return fmt.Errorf("jobs profile: %s: %w (the kernel's modules are not installed: run tests/setup.sh)", p, err)
+			return fmt.Errorf("jobs profile: %s: %w (the kernel's modules are not installed: run tests/testbed-packages.sh)", p, err)
 		}
 		im.AddFile(p, p, 0o644)
 	}
