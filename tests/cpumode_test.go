@@ -171,7 +171,8 @@ func TestCPUClaimsKeepVMsApart(t *testing.T) {
 			args := append([]string{"run", "--kernel", env.L2Kernel(t), "--initrd", env.L2Initrd(t),
 				"--cmdline", "console=ttyS0 reboot=k panic=-1 hpcvmm.scenario=boot hpcvmm.hold=600",
 				"--cpus", "1", "--memory", "256M", "--hugepages", "none"}, extra...)
-			return env.StartVM(t, args...)
+			// The choice hpcvmm makes by itself is the scenario.
+			return env.StartVMDefaultCPUMode(t, args...)
 		}
 		kill := func(vm *harness.VMProcess) {
 			_ = syscall.Kill(vm.PID(), syscall.SIGKILL)

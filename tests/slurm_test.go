@@ -30,13 +30,13 @@ import (
 const nvmeOffKiBSlurm = 6144
 
 // slurmTimeout bounds one srun or sbatch: an L2 boot inside L1 takes tens
-// of seconds of emulated time, two of them on L1's one vCPU more; on a
+// of seconds of emulated time, two of them at once more; on a
 // loaded machine L1 has measured minutes for prefaulting 1 GiB (by L1's
 // clock, which then ran fast: its TSC calibration was off). It stays well
 // under the L1 boot's own limit (l1Timeout, 15m for the profile's four
-// scenarios), so that a step that hangs is stopped and its output printed
-// while L1 still runs.
-const slurmTimeout = 8 * time.Minute
+// scenarios) and the stall watchdog's 8 minutes without L1 output, so that
+// a step that hangs is stopped and its output printed while L1 still runs.
+const slurmTimeout = 6 * time.Minute
 
 // slurmOutput is one finished srun/sbatch.
 type slurmOutput struct {
@@ -121,7 +121,7 @@ func TestSlurmPassthrough(t *testing.T) {
 		assert.Equal(t, nicGroup, nics["vfio_groups"], "the VF's VFIO group")
 		cpus := logRecord(log, "vCPUs on the CPUs Slurm gave the step")
 		require.NotNil(t, cpus)
-		assert.Equal(t, "0", cpus["cpus"], "the step's CPUs (L1 has one)")
+		assert.Contains(t, []string{"0", "1"}, cpus["cpus"], "the step's one CPU (each node has one of L1's two)")
 		mem := logRecord(log, "guest RAM from Slurm")
 		require.NotNil(t, mem, "hpcvmm log:\n%s", harness.Tail(log, 30))
 		// A bare srun exports no SLURM_MEM_PER_NODE (sbatch and salloc

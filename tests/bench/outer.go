@@ -425,13 +425,8 @@ func runMPIInL1(ctx context.Context, o options, art harness.L1Artifacts, inner s
 		rep.Config = l1
 	}
 	progress("the mpi case: booting the Slurm L1")
-	// Two vCPUs, one per rank: on the profile's one vCPU the two guests and
-	// both slurmd nodes share one emulated CPU, and the VM runs did not
-	// finish in 5 minutes.
-	p := harness.ProfileSlurm
-	p.CPUs = 2
 	// Nothing of the bench L1's extras (QEMU, gokvm, the job files).
-	_, _, err := bootL1Once(ctx, art, inner, p, Config{}, l1, o.timeout, 1, rep)
+	_, _, err := bootL1Once(ctx, art, inner, harness.ProfileSlurm, Config{}, l1, o.timeout, 1, rep)
 	return err
 }
 

@@ -40,6 +40,12 @@ const l1SlurmCluster = "/hpcvmm/slurm/cluster.sh"
 var ProfileSlurm = func() Profile {
 	p := ProfilePassthrough
 	p.Name = "slurm"
+	// Two vCPUs, one per slurmd node (tests/l1/slurm-cluster.sh gives
+	// each node a CPU of its own then). With one, both ranks of an MPI job
+	// shared it, and one rank's guest busy-polling in L2 took the whole
+	// L1 with it when the emulator stopped delivering L1's interrupts
+	// (docs/testbed.md, "Dedicated CPU mode in the test bed").
+	p.CPUs = 2
 	p.Setup = passthroughSetup + "\n" + slurmSetup
 	p.Modules = []string{"bridge"}
 	p.Files = func(im *Image) error {

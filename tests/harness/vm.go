@@ -50,8 +50,20 @@ type VMProcess struct {
 // printed (and, inside L1, sent to the outer side).
 func (e *Env) StartVM(t testing.TB, args ...string) *VMProcess {
 	t.Helper()
+	return e.startVM(t, e.VMArgs(args))
+}
+
+// StartVMDefaultCPUMode is StartVM without TestbedCPUMode: hpcvmm picks
+// the CPU mode a run without --cpu-mode gets anywhere (for the scenarios
+// of that choice).
+func (e *Env) StartVMDefaultCPUMode(t testing.TB, args ...string) *VMProcess {
+	t.Helper()
+	return e.startVM(t, args)
+}
+
+func (e *Env) startVM(t testing.TB, args []string) *VMProcess {
+	t.Helper()
 	bin := e.HPCVMM(t)
-	args = e.VMArgs(args)
 	timeout := defaultVMTimeout
 	if s := os.Getenv("HPCVMM_VM_TIMEOUT"); s != "" {
 		d, err := time.ParseDuration(s)

@@ -59,6 +59,17 @@ chmod 755 /run/munge
 dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 2>/dev/null
 chmod 400 /etc/munge/munge.key
 
+# Both nodes are this L1. With one CPU they share it; with two (the bench's
+# MPI L1) each node reserves the other's CPU for system use (CpuSpecList),
+# so that, with ConstrainCores, a step on n1 runs on CPU 0 and one on n2 on
+# CPU 1, as on two real nodes.
+if [ "$(grep -c ^processor /proc/cpuinfo)" -ge 2 ]; then
+	SLURM_NODE_LINES="NodeName=n1 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17011 CPUs=2 CpuSpecList=1 RealMemory=2048 Gres=gpu:1,nic:1 State=UNKNOWN
+NodeName=n2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17012 CPUs=2 CpuSpecList=0 RealMemory=2048 Gres=gpu:1,nic:1 State=UNKNOWN"
+else
+	SLURM_NODE_LINES="NodeName=n[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[17011-17012] CPUs=1 RealMemory=2048 Gres=gpu:1,nic:1 State=UNKNOWN"
+fi
+
 cat >/etc/slurm/slurm.conf <<EOF
 ClusterName=hpcvmm
 SlurmctldHost=localhost(127.0.0.1)
@@ -86,7 +97,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SchedulerType=sched/builtin
 ReturnToService=2
-# Both nodes are this one L1 with one CPU: take the node lines as given.
+# Both nodes are this one L1: take the node lines as given.
 SlurmdParameters=config_overrides
 # L1 is emulated and shares a loaded machine: a step launch took longer than
 # the default 10 s MessageTimeout there. Generous limits keep slowness from
@@ -96,7 +107,7 @@ InactiveLimit=0
 KillWait=30
 MinJobAge=30
 SlurmdTimeout=600
-NodeName=n[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[17011-17012] CPUs=1 RealMemory=2048 Gres=gpu:1,nic:1 State=UNKNOWN
+$SLURM_NODE_LINES
 PartitionName=vm Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP
 EOF
 # AutoDetect=nvml cannot see devices on vfio-pci: declare them by group.
