@@ -73,6 +73,14 @@ func TestMPIAcrossVMs(t *testing.T) {
 			assert.Error(t, err, "%s: the TAP hpcvmm created is gone", tap)
 		}
 		env.Record(t, "vm_ranks", strings.Join(mpiRanks(o.stdout), ";"))
+		// Each node's step has a CPU of its own (tests/l1/slurm-cluster.sh).
+		var stepCPUs []string
+		for _, m := range regexp.MustCompile(`msg="vCPUs on the CPUs Slurm gave the step" cpus=(\S+)`).FindAllStringSubmatch(o.stderr, -1) {
+			stepCPUs = append(stepCPUs, m[1])
+		}
+		sort.Strings(stepCPUs)
+		env.Record(t, "step_cpus", strings.Join(stepCPUs, ";"))
+		assert.Equal(t, []string{"0", "1"}, stepCPUs, "the two ranks' vCPUs on L1's two CPUs, one each")
 
 		// The control: the same program, srun, no VM.
 		n := runSlurm(t, slurmTimeout, "srun", "--mpi=pmi2", "-N2", "--ntasks-per-node=1", "--mem=2048", "--time=20",
