@@ -41,6 +41,8 @@ func TestMPISrunArgs(t *testing.T) {
 	n := strings.Join(mpiSrunArgs(cfg, vmmMPINative), " ")
 	assert.True(t, strings.HasSuffix(n, "--export=ALL,LD_LIBRARY_PATH="+harness.MPILibraryPath+" "+harness.MPIRoot+"/mpi_app pingpong"), n)
 	assert.NotContains(t, n, " run --kernel", "no VMM in the control")
+	tcp := strings.Join(mpiSrunArgs(cfg, vmmMPINativeTCP), " ")
+	assert.Contains(t, tcp, ",UCX_TLS=tcp,self "+harness.MPIRoot+"/mpi_app pingpong", tcp)
 }
 
 func TestMPICaseFlags(t *testing.T) {
@@ -59,7 +61,9 @@ func TestRenderMPI(t *testing.T) {
 		v.Metrics = map[string]float64{mMPILatUs: 300 + float64(rep), mMPIBwMiB: 50, mMPISrun: 40000}
 		n := newSample(caseMPI, vmmMPINative, whereL1, rep)
 		n.Metrics = map[string]float64{mMPILatUs: 100, mMPIBwMiB: 200, mMPISrun: 4000}
-		samples = append(samples, v, n)
+		tcp := newSample(caseMPI, vmmMPINativeTCP, whereL1, rep)
+		tcp.Metrics = map[string]float64{mMPILatUs: 150, mMPIBwMiB: 100, mMPISrun: 4000}
+		samples = append(samples, v, n, tcp)
 	}
 	f := newSample(caseMPI, vmmMPIVMs, whereL1, 4)
 	f.Err = "srun: exit status 1"
@@ -68,8 +72,8 @@ func TestRenderMPI(t *testing.T) {
 	md := renderMarkdown(rep)
 	assert.Contains(t, md, "MPI across VMs (issue 25)")
 	assert.Contains(t, md, "| latency (µs per 1-byte round trip) | 302.0 (301.0–303.0)")
-	assert.Contains(t, md, "| 100.0 (100.0–100.0) | 3.02 |")
+	assert.Contains(t, md, "| 100.0 (100.0–100.0) | 150.0 (150.0–150.0) | 3.02 | 2.01 |")
 	assert.Contains(t, md, "| bandwidth (MiB/s, 1 MiB messages) | 50.0 (50.0–50.0)")
-	assert.Contains(t, md, "| 200.0 (200.0–200.0) | 0.25 |")
+	assert.Contains(t, md, "| 200.0 (200.0–200.0) | 100.0 (100.0–100.0) | 0.25 | 0.50 |")
 	assert.NotContains(t, md, "Launch → guest /init marker", "an mpi-only run shows only its table")
 }

@@ -418,7 +418,7 @@ func runMPIInL1(ctx context.Context, o options, art harness.L1Artifacts, inner s
 		Cases:      []string{caseMPI},
 		MemoryMiB:  cfg.MemoryMiB,
 		VMTimeout:  cfg.VMTimeout,
-		MPITimeout: 8 * time.Minute,
+		MPITimeout: 5 * time.Minute,
 		BudgetSec:  int((o.timeout - time.Minute).Seconds()),
 	}
 	if len(o.cases) == 1 {
