@@ -79,8 +79,8 @@ func TestRunConfigQuoting(t *testing.T) {
 
 // TestProfileSlurmSharesPassthroughDevices: the slurm profile boots the
 // passthrough profile's machine (same QEMU devices, kernel parameters and
-// device setup, not a copy that could drift) and only it has an image of
-// its own.
+// device setup, not a copy that could drift), with two vCPUs (one per
+// slurmd node), and only it has an image of its own.
 func TestProfileSlurmSharesPassthroughDevices(t *testing.T) {
 	b := L1Boot{QEMU: "q", Kernel: "k", Initrd: "i", ConsolePath: "c", ResultsPath: "r"}
 	pt, err := ProfilePassthrough.QEMUArgs(b, "")
@@ -89,6 +89,10 @@ func TestProfileSlurmSharesPassthroughDevices(t *testing.T) {
 	require.NoError(t, err)
 	for i := range pt {
 		pt[i] = strings.ReplaceAll(pt[i], "hpcvmm.profile=passthrough", "hpcvmm.profile=slurm")
+		if i > 0 && pt[i-1] == "-smp" {
+			assert.Equal(t, "1", pt[i], "the passthrough profile's vCPUs")
+			pt[i] = "2"
+		}
 	}
 	assert.Equal(t, pt, sl)
 	assert.True(t, strings.HasPrefix(ProfileSlurm.Setup, passthroughSetup), "the slurm setup starts with the passthrough one")
