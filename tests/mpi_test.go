@@ -111,7 +111,7 @@ func mpiScancel(t *testing.T, env *harness.Env) {
 	var j *mpiJob
 	for attempt := 1; ; attempt++ {
 		j = startMPIJob(t, name, mpiVMArgs(t, env, "--env", "MPI_APP_HOLD=1"))
-		held := j.waitFor(t, func() bool { return strings.Count(j.out.String(), " holding") == 2 }, 5*time.Minute)
+		held := j.waitFor(func() bool { return strings.Count(j.out.String(), " holding") == 2 }, 5*time.Minute)
 		if held {
 			break
 		}
@@ -197,7 +197,7 @@ func (j *mpiJob) lost() bool { return strings.Contains(j.errb.String(), "KVM_EXI
 
 // waitFor waits until cond holds (true), srun ends, a guest is lost or
 // limit passes (false).
-func (j *mpiJob) waitFor(t *testing.T, cond func() bool, limit time.Duration) bool {
+func (j *mpiJob) waitFor(cond func() bool, limit time.Duration) bool {
 	deadline := time.Now().Add(limit)
 	for !cond() {
 		select {
@@ -230,7 +230,7 @@ func mpiSrun(t *testing.T, env *harness.Env, name string, args []string) slurmOu
 	t.Helper()
 	for attempt := 1; ; attempt++ {
 		j := startMPIJob(t, name, args)
-		ended := j.waitFor(t, func() bool {
+		ended := j.waitFor(func() bool {
 			select {
 			case <-j.done:
 				return true

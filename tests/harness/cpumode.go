@@ -1,6 +1,9 @@
 package harness
 
-import "slices"
+import (
+	"slices"
+	"strings"
+)
 
 // TestbedCPUMode is the --cpu-mode of the L2 guests whose scenario is not
 // the CPU mode itself: shared.
@@ -29,7 +32,7 @@ func WithTestbedCPUMode(args []string) []string {
 		return args
 	}
 	for _, a := range args[:end] {
-		if a == "--cpu-mode" || len(a) > 11 && a[:11] == "--cpu-mode=" {
+		if a == "--cpu-mode" || strings.HasPrefix(a, "--cpu-mode=") {
 			return args
 		}
 	}

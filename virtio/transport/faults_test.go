@@ -1,17 +1,16 @@
 package transport_test
 
 import (
-	"bytes"
 	"log/slog"
 	"math/bits"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hpcvmm/hpcvmm/internal/testenv"
 	"github.com/hpcvmm/hpcvmm/irq"
 	"github.com/hpcvmm/hpcvmm/platform"
 	"github.com/hpcvmm/hpcvmm/virtio"
@@ -27,35 +26,9 @@ import (
 // every device's OnError through platform.Refusals): one line per kind per
 // interval, the rest counted.
 
-// syncBuffer is a log destination the device goroutine and the test share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) lines(substr string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return strings.Count(s.b.String(), substr)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// faultRig is newRig with errors going to a rate-limited log under kind
-// "virtio-test", as vmm wires a device.
-func faultRig(t *testing.T) (*transporttest.Rig, *echoDev, *platform.Refusals, *syncBuffer) {
+func faultRig(t *testing.T) (*transporttest.Rig, *echoDev, *platform.Refusals, *testenv.LockedBuffer) {
 	t.Helper()
-	log := &syncBuffer{}
+	log := &testenv.LockedBuffer{} // the device goroutine writes, the test reads
 	ref := platform.NewRefusals(slog.New(slog.NewTextHandler(log, nil)), time.Hour)
 	d := &echoDev{}
 	r, err := transporttest.NewRigReporting(d, make(queuetest.Memory, 1<<20), func(err error) { ref.Refuse("virtio-test", err) })
@@ -118,7 +91,7 @@ func TestGuestFaultBadChainsAreRefusedRateLimited(t *testing.T) {
 				assert.Zero(t, drv.UsedIdx(), "round %d: nothing of a refused chain is returned used", i)
 			}
 			assert.Equal(t, uint64(rounds), ref.Count("virtio-test"), "one refusal per bad chain")
-			assert.Equal(t, 1, log.lines("device error"), "one log line for %d refusals in an interval:\n%s", rounds, log)
+			assert.Equal(t, 1, strings.Count(log.String(), "device error"), "one log line for %d refusals in an interval:\n%s", rounds, log)
 			assert.Contains(t, log.String(), c.want)
 			echoWorks(t, r)
 		})
@@ -141,7 +114,7 @@ func TestGuestFaultDoorbellFlood(t *testing.T) {
 	assert.Equal(t, uint64(flood), r.T.NotifyExits(), "every doorbell to queue 0 was taken")
 	// Reported at the 1st, 2nd, 4th... (no allocation per exit), logged once.
 	assert.Equal(t, uint64(bits.Len(flood)), ref.Count("virtio-test"), "doorbells to queue 7 reported at powers of two")
-	assert.Equal(t, 1, log.lines("device error"), "one log line for the flood:\n%s", log)
+	assert.Equal(t, 1, strings.Count(log.String(), "device error"), "one log line for the flood:\n%s", log)
 	assert.Contains(t, log.String(), "doorbell for queue 7")
 	// The rig's MMIO write itself allocates its buffer (it escapes through
 	// the bus's device interface); a refused doorbell adds nothing to it.
@@ -191,7 +164,7 @@ func TestGuestFaultMSIXGarbage(t *testing.T) {
 		}
 	}
 	assert.GreaterOrEqual(t, ref.Count("virtio-test"), uint64(rounds/2), "unmasked garbage vectors refused")
-	assert.Equal(t, 1, log.lines("device error"), "one log line:\n%s", log)
+	assert.Equal(t, 1, strings.Count(log.String(), "device error"), "one log line:\n%s", log)
 	assert.Contains(t, log.String(), "outside the MSI window")
 	assert.Zero(t, r.Status()&virtio.StatusNeedsReset)
 
