@@ -162,7 +162,7 @@ func TestPassthroughDMA(t *testing.T) {
 		recordExits(t, env, log)
 		assert.GreaterOrEqual(t, l1["vfio-intx("+harness.EduBDF+")"], uint64(5), "edu INTx interrupts L1's vfio-pci received")
 		assert.GreaterOrEqual(t, l1["vfio-msi[0]("+harness.EduBDF+")"], uint64(8), "edu MSIs L1's vfio-pci received")
-		assert.Equal(t, "vfio-pci", pciDriver(harness.EduBDF), "edu's driver after the VM (no --bind: left on vfio-pci)")
+		assert.Equal(t, "vfio-pci", pciDriver(harness.EduBDF), "edu's driver after the VM (no --bind-devices: left on vfio-pci)")
 	})
 }
 
@@ -228,7 +228,7 @@ func TestPassthroughVF(t *testing.T) {
 }
 
 // TestPassthroughTwoDevices passes edu (--gpu, already on vfio-pci) and the
-// NVMe VF (--vf, on the host's nvme driver, taken with --bind) through to
+// NVMe VF (--vf, on the host's nvme driver, taken with --bind-devices) through to
 // one guest with 4 GiB of RAM, so guest RAM is two regions: [0, 3 GiB) and
 // [4 GiB, 5 GiB). Both devices work inside L2, and edu's DMA round trip
 // goes through a buffer above 4 GiB. On L1 one container holds both groups
@@ -254,7 +254,7 @@ func TestPassthroughTwoDevices(t *testing.T) {
 			"--cmdline", fmt.Sprintf("%s hpcvmm.pt=edu,nvme hpcvmm.dma_buf=%#x memmap=1M$%#x hpcvmm.nvme_off_kib=%d hpcvmm.nvme_kib=%d",
 				ptBaseCmdline, eduDMABufHigh, eduDMABufHigh, nvmeOffKiBTwoDevs, nvmeKiB),
 			"--cpus", "1", "--memory", "4G", "--hugepages", "1G",
-			"--gpu", harness.EduBDF, "--vf", harness.NVMeVFBDF, "--bind",
+			"--gpu", harness.EduBDF, "--vf", harness.NVMeVFBDF, "--bind-devices",
 		)
 		require.Equal(t, 0, vm.Wait(), "hpcvmm exit status")
 		env.Record(t, "wall_ms", strconv.FormatInt(time.Since(start).Milliseconds(), 10))
@@ -359,7 +359,7 @@ func TestPassthroughTwoDevices(t *testing.T) {
 		require.NotNil(t, rb, "hpcvmm did not log rebinding the VF")
 		assert.Equal(t, harness.NVMeVFBDF, rb["device"])
 		assert.Equal(t, "nvme", rb["was"], "driver the VF was taken from")
-		assert.Equal(t, "nvme", pciDriver(harness.NVMeVFBDF), "the VF's driver after the VM ended (--bind gives it back)")
+		assert.Equal(t, "nvme", pciDriver(harness.NVMeVFBDF), "the VF's driver after the VM ended (--bind-devices gives it back)")
 		assert.Equal(t, "vfio-pci", pciDriver(harness.EduBDF), "edu was on vfio-pci before and is left there")
 		assert.Equal(t, journalsBefore, journals(t), "host-state journals after the VM ended")
 		env.Record(t, "vf_driver_after", pciDriver(harness.NVMeVFBDF))
@@ -370,7 +370,7 @@ func TestPassthroughTwoDevices(t *testing.T) {
 }
 
 // TestPassthroughBindKill takes the VF from the host's nvme driver with
-// --bind, kills hpcvmm with SIGKILL while the guest boots, and checks that
+// --bind-devices, kills hpcvmm with SIGKILL while the guest boots, and checks that
 // the VF stays on vfio-pci with the journal left behind, and that
 // `hpcvmm unbind` then gives it back to nvme and removes the journal.
 func TestPassthroughBindKill(t *testing.T) {
@@ -383,7 +383,7 @@ func TestPassthroughBindKill(t *testing.T) {
 			"--kernel", env.L2Kernel(t), "--initrd", env.L2Initrd(t),
 			"--cmdline", ptBaseCmdline+" hpcvmm.pt=nvme hpcvmm.hold=600",
 			"--cpus", "1", "--memory", "1G", "--hugepages", "1G",
-			"--vf", harness.NVMeVFBDF, "--bind",
+			"--vf", harness.NVMeVFBDF, "--bind-devices",
 		)
 		// Mid-boot: once the guest kernel prints, the VF is bound and the
 		// VM runs.

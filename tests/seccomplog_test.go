@@ -26,7 +26,7 @@ const seccompProbeModeEnv = "HPCVMM_SECCOMP_PROBE_MODE"
 // TestSeccompLogReportsNothing (issue 23): a VM with everything the lists
 // must cover after setup, run with --seccomp=log, makes no syscall outside
 // them and no call an argument rule refuses: passthrough (edu with its
-// MSIs programmed by the guest; the NVMe VF taken from nvme with --bind,
+// MSIs programmed by the guest; the NVMe VF taken from nvme with --bind-devices,
 // so the journal's restore writes sysfs after the filter), virtio-net on a
 // TAP with kernel vhost-net (opened, owned and its worker placed at
 // DRIVER_OK), the virtio console on stdin/stdout. The kernel's log has no
@@ -53,7 +53,7 @@ func TestSeccompLogReportsNothing(t *testing.T) {
 			"--kernel", env.L2Kernel(t), "--initrd", env.L2Initrd(t),
 			"--cmdline", fmt.Sprintf("%s console=hvc0 hpcvmm.pt=edu,edu_msi hpcvmm.dma_buf=%#x memmap=1M$%#x", ptBaseCmdline, eduDMABuf, eduDMABuf),
 			"--cpus", "1", "--memory", "1G", "--hugepages", "1G",
-			"--gpu", harness.EduBDF, "--vf", harness.NVMeVFBDF, "--bind",
+			"--gpu", harness.EduBDF, "--vf", harness.NVMeVFBDF, "--bind-devices",
 			"--net", "tap=hpvsc0,vhost="+vhost,
 			"--console", "virtio",
 			"--seccomp", "log",

@@ -52,7 +52,7 @@ func reserve2M(t *testing.T, n uint64) {
 
 // TestSoakPassthrough is TestSoakCreateRunDestroy (package vmm) with a
 // passed-through device, inside the nested test bed: soakPTCycles times a
-// VM with edu (--gpu, --bind: rebound from no driver to vfio-pci for the
+// VM with edu (--gpu, --bind-devices: rebound from no driver to vfio-pci for the
 // VM and back), a virtio-net on a TAP and the virtio-console, on 2 MiB
 // hugepages, is created, run and closed through the Go API. Each run's
 // guest finds edu on bus 0 and reads its identification and liveness
@@ -127,7 +127,7 @@ const (
 )
 
 // TestBootsWithSignals boots the stock L2 guest 10 (HPCVMM_SIGNAL_BOOTS) times in a row with
-// hpcvmm, each with edu passed through (--bind from no driver) and a
+// hpcvmm, each with edu passed through (--bind-devices from no driver) and a
 // virtio-net on a TAP, on 2 MiB hugepages, and stops some of them with
 // SIGTERM or SIGKILL (alternating) at different points: during setup
 // (0.3 to 1.5 s after start: before or after edu is bound and guest RAM
@@ -191,7 +191,7 @@ func TestBootsWithSignals(t *testing.T) {
 					"--kernel", env.L2Kernel(t), "--initrd", env.L2Initrd(t),
 					"--cmdline", "console=ttyS0 quiet reboot=k panic=-1 hpcvmm.scenario=boot",
 					"--cpus", "1", "--memory", "256M", "--hugepages", "2M",
-					"--gpu", harness.EduBDF, "--bind", "--net", "tap=hpboot0",
+					"--gpu", harness.EduBDF, "--bind-devices", "--net", "tap=hpboot0",
 				)
 				switch stage {
 				case "setup":

@@ -153,7 +153,7 @@ func TestStartupUnwindsPassthrough(t *testing.T) {
 		t.Cleanup(func() { vmm.SetSetupFaultHook(nil) })
 		vm, err := vmm.New(cfg)
 		require.NoError(t, err, "the full build must succeed for the steps to mean anything")
-		assert.Equal(t, "vfio-pci", pciDriver(harness.NVMeVFBDF), "--bind took the VF")
+		assert.Equal(t, "vfio-pci", pciDriver(harness.NVMeVFBDF), "--bind-devices took the VF")
 		require.NoError(t, vm.Close())
 		assert.Equal(t, "", pciDriver(harness.NVMeVFBDF), "the VF back on no driver after Close")
 		vmm.SetSetupFaultHook(nil)

@@ -20,7 +20,7 @@
 //
 // Wiring order for a VMM (see also the report in the package's history):
 //
-//  1. hoststate: Bind each device when --bind is given (defer Restore).
+//  1. hoststate: Bind each device when --bind-devices is given (defer Restore).
 //  2. Check each device (CheckDevice): exists, IOMMU on, group viable,
 //     bound to vfio-pci, VF has a PF when --vf.
 //  3. iommu.Open, NewKVMVFIO(vm).

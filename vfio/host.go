@@ -168,10 +168,10 @@ func CheckDevice(h *host.Host, sp Spec, allowBind bool) (dev *host.Device, bound
 			return nil, false, fmt.Errorf("%s %s: %w", flag, sp.BDF, err)
 		}
 		if dev.Driver != "" && !allowBind {
-			return nil, false, fmt.Errorf("%s %s: in use by the host driver %s; let hpcvmm rebind it to vfio-pci for this VM and back afterwards (Passthrough.Bind; hpcvmm run --bind), or run hpcvmm bind %s", flag, sp.BDF, dev.Driver, sp.BDF)
+			return nil, false, fmt.Errorf("%s %s: in use by the host driver %s; let hpcvmm rebind it to vfio-pci for this VM and back afterwards (Passthrough.Bind; hpcvmm run --bind-devices), or run hpcvmm bind %s", flag, sp.BDF, dev.Driver, sp.BDF)
 		}
 		if !allowBind {
-			return nil, false, fmt.Errorf("%s %s: not bound to vfio-pci; let hpcvmm bind it (Passthrough.Bind; hpcvmm run --bind), or run hpcvmm bind %s", flag, sp.BDF, sp.BDF)
+			return nil, false, fmt.Errorf("%s %s: not bound to vfio-pci; let hpcvmm bind it (Passthrough.Bind; hpcvmm run --bind-devices), or run hpcvmm bind %s", flag, sp.BDF, sp.BDF)
 		}
 		return dev, false, nil
 	}

@@ -28,8 +28,8 @@ func netHost(t *testing.T) *hosttest.Tree {
 }
 
 // TestCheckDeviceRefusesWhatTheHostUses is issue 23's defect 8 for `hpcvmm
-// run`: --bind must not take the host's network or root disk, and the
-// error without --bind must not suggest rebinding them.
+// run`: --bind-devices must not take the host's network or root disk, and the
+// error without --bind-devices must not suggest rebinding them.
 func TestCheckDeviceRefusesWhatTheHostUses(t *testing.T) {
 	h := netHost(t).Host()
 	for _, allowBind := range []bool{true, false} {
@@ -37,13 +37,13 @@ func TestCheckDeviceRefusesWhatTheHostUses(t *testing.T) {
 		require.Error(t, err, "bind=%v", allowBind)
 		assert.ErrorContains(t, err, "GPU 0000:00:03.0: the host uses it: network interface eth0 (up; carries the default route; 1 routes)")
 		assert.NotContains(t, err.Error(), "hpcvmm bind", "bind=%v", allowBind)
-		assert.NotContains(t, err.Error(), "add --bind", "bind=%v", allowBind)
+		assert.NotContains(t, err.Error(), "add --bind-devices", "bind=%v", allowBind)
 
 		_, _, err = CheckDevice(h, spec(t, "3d:00.0", false), allowBind)
 		assert.ErrorContains(t, err, "block device nvme0n1p2 (mounted at /)")
 	}
 	_, bound, err := CheckDevice(h, spec(t, "00:04.0", false), true)
-	require.NoError(t, err, "an interface that is down and unused does not stop --bind")
+	require.NoError(t, err, "an interface that is down and unused does not stop --bind-devices")
 	assert.False(t, bound)
 }
 

@@ -179,7 +179,7 @@ func TestRunHelpGroups(t *testing.T) {
 	groups := map[string][]string{
 		"Guest":               {"kernel", "kernel-decompress", "kernel-cache", "kernel-cache-size", "initrd", "cmdline", "cpus", "memory", "hugepages", "acpi"},
 		"Placement":           {"numa-node", "cpu-list", "allow-cross-numa", "cpu-mode", "prefault-workers", "topology"},
-		"Devices":             {"gpu", "vf", "bind", "p2p", "net", "nccl-topo"},
+		"Devices":             {"gpu", "vf", "bind-devices", "p2p", "net", "nccl-topo"},
 		"Console and logging": {"console", "log-level", "shutdown-timeout", "seccomp"},
 		"Job":                 {"rootfs", "env", "env-file", "workdir", "user", "quiet", "dns", "hostname"},
 		"Other":               {"help"},

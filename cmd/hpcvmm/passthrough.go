@@ -19,11 +19,11 @@ import (
 	"github.com/hpcvmm/hpcvmm/vmm"
 )
 
-// addPassthroughFlags defines --gpu, --vf, --bind and --p2p on fs.
+// addPassthroughFlags defines --gpu, --vf, --bind-devices and --p2p on fs.
 func addPassthroughFlags(fs *pflag.FlagSet, p *vmm.PassthroughConfig) {
 	fs.Var((*stringList)(&p.GPUs), "gpu", "`BDF[,clique=N]`: pass a GPU (or any PCI device) through VFIO; clique=N gives an NVIDIA GPU the P2P clique capability; slurm: the step's gpu GRES (repeatable)")
 	fs.Var((*stringList)(&p.VFs), "vf", "`BDF[,node-guid=G,port-guid=G][,guid=auto][,link=auto|enable|disable]`: pass an SR-IOV virtual function through, an InfiniBand VF with the GUIDs and link state to set on its PF; slurm[,OPTIONS]: the step's nic GRES (repeatable)")
-	fs.BoolVar(&p.Bind, "bind", false, "rebind devices held by a host driver to vfio-pci for this VM (journaled in "+hoststate.DefaultStateDir+") and give them back when it ends")
+	fs.BoolVar(&p.Bind, "bind-devices", false, "rebind devices held by a host driver to vfio-pci for this VM (journaled in "+hoststate.DefaultStateDir+") and give them back when it ends")
 	fs.VarPF(notValue{&p.NoP2P}, "p2p", "", "DMA-map device BARs so passed-through devices reach each other (GPUDirect P2P/RDMA); --p2p=false skips it when they need not").NoOptDefVal = "true"
 }
 

@@ -51,7 +51,7 @@ func newRunCommand() (*command, *runFlags) {
 		"[--numa-node N|auto] [--cpu-list LIST] [--allow-cross-numa] [--prefault-workers N]",
 		"[--cpu-mode dedicated|shared]",
 		"[--gpu BDF[,clique=N]|slurm]... [--vf BDF|slurm[,IB-OPTIONS]]...",
-		"[--bind] [--p2p=false]",
+		"[--bind-devices] [--p2p=false]",
 		"[--net tap=NAME[,mac=MAC][,queues=N][,vhost=on|off]]... [--nccl-topo FILE]",
 		"[--console virtio|serial|none] [--log-level debug|info|warn|error]",
 		"[--acpi on|off] [--topology host|flat] [--shutdown-timeout DURATION]",

@@ -22,7 +22,7 @@ var l2Modules = []string{"virtio_pci", "virtio_console", "virtio_net", "nvme", "
 
 // Modules L1's /init loads: KVM, VFIO, vhost-net/TAP for the management NIC,
 // nvme for the SR-IOV stand-in, and uio_pci_generic as a host driver that
-// --bind scenarios take a device from and give it back to.
+// --bind-devices scenarios take a device from and give it back to.
 var l1Modules = []string{"kvm_amd", "vfio", "vfio_iommu_type1", "vfio-pci", "vhost_net", "tun", "nvme", "uio_pci_generic"}
 
 // Paths inside the L1 initramfs.

@@ -99,13 +99,13 @@ func (c *checker) device(d *host.Device, isVF bool) {
 		c.add("driver", subj, Fail, "pass another device (hpcvmm devices lists them), or end that use on the host first",
 			"bound to %s, and the host uses it: %s; it cannot be passed through while the host does", drv, use)
 	case d.Driver == "" && c.req.AllowBind:
-		c.add("driver", subj, Warn, "", "no driver bound; --bind binds it to vfio-pci for the VM")
+		c.add("driver", subj, Warn, "", "no driver bound; --bind-devices binds it to vfio-pci for the VM")
 	case d.Driver == "":
-		c.add("driver", subj, Fail, "hpcvmm bind "+subj+" (or hpcvmm run --bind), or by hand: "+BindFix(d.BDF, ""), "no driver bound; VFIO needs vfio-pci")
+		c.add("driver", subj, Fail, "hpcvmm bind "+subj+" (or hpcvmm run --bind-devices), or by hand: "+BindFix(d.BDF, ""), "no driver bound; VFIO needs vfio-pci")
 	case c.req.AllowBind:
-		c.add("driver", subj, Warn, "", "bound to %q; --bind rebinds it to vfio-pci for the VM and gives it back afterwards", d.Driver)
+		c.add("driver", subj, Warn, "", "bound to %q; --bind-devices rebinds it to vfio-pci for the VM and gives it back afterwards", d.Driver)
 	default:
-		c.add("driver", subj, Fail, "hpcvmm bind "+subj+" (or hpcvmm run --bind), or by hand: "+BindFix(d.BDF, d.Driver), "bound to %s (in use by the host); VFIO needs vfio-pci", d.Driver)
+		c.add("driver", subj, Fail, "hpcvmm bind "+subj+" (or hpcvmm run --bind-devices), or by hand: "+BindFix(d.BDF, d.Driver), "bound to %s (in use by the host); VFIO needs vfio-pci", d.Driver)
 	}
 
 	c.group(d)

@@ -12,7 +12,7 @@ import (
 // TestDriverHostUsesDevice is issue 23's defect 8 for `hpcvmm check`: a
 // new user checking the host's only NIC (its default route) was told "fix:
 // hpcvmm bind". Now the check fails, says what the host uses it for, and
-// suggests no rebind, with or without --bind.
+// suggests no rebind, with or without --bind-devices.
 func TestDriverHostUsesDevice(t *testing.T) {
 	tr, h := goodHost(t)
 	const nic = "0000:00:03.0"

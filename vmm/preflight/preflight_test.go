@@ -217,18 +217,18 @@ func TestDriver(t *testing.T) {
 	x := find(t, r, "driver", gpu)
 	assert.Equal(t, preflight.Fail, x.Status)
 	assert.Contains(t, x.Detail, "bound to nvidia")
-	assert.Equal(t, "hpcvmm bind 0000:41:00.0 (or hpcvmm run --bind), or by hand: "+
+	assert.Equal(t, "hpcvmm bind 0000:41:00.0 (or hpcvmm run --bind-devices), or by hand: "+
 		"modprobe vfio-pci && echo vfio-pci > /sys/bus/pci/devices/0000:41:00.0/driver_override && "+
 		"echo 0000:41:00.0 > /sys/bus/pci/devices/0000:41:00.0/driver/unbind && echo 0000:41:00.0 > /sys/bus/pci/drivers_probe", x.Fix)
 	assert.False(t, r.OK())
 
-	// With --bind hpcvmm rebinds the device itself: a warning, not a failure.
+	// With --bind-devices hpcvmm rebinds the device itself: a warning, not a failure.
 	req := goodRequest()
 	req.AllowBind = true
 	r = preflight.Run(h, req)
 	x = find(t, r, "driver", gpu)
 	assert.Equal(t, preflight.Warn, x.Status)
-	assert.Contains(t, x.Detail, "--bind rebinds it")
+	assert.Contains(t, x.Detail, "--bind-devices rebinds it")
 
 	tr.Remove("sys/bus/pci/devices/" + gpu + "/driver")
 	r = preflight.Run(h, goodRequest())

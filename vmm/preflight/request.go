@@ -36,7 +36,7 @@ type Request struct {
 	// (vmm.PassthroughSlots); empty skips the check behind ports.
 	PortSlots []int `json:"port_slots,omitempty"`
 	// AllowBind says hpcvmm will rebind devices held by a host driver to
-	// vfio-pci itself (hpcvmm run --bind): such a device is a warning, not
+	// vfio-pci itself (hpcvmm run --bind-devices): such a device is a warning, not
 	// a failure.
 	AllowBind bool `json:"allow_bind"`
 	// KVMCheck, if set, is called when the KVM device exists, with its
