@@ -72,9 +72,18 @@ type Agent struct {
 	// spec with PMI; nil when the agent has none (a spec asking for PMI
 	// then fails, 125).
 	OpenPMI func() (in io.Reader, out io.WriteCloser, err error)
+	// OpenPort opens a named port for reading and writing (a bind's 9P
+	// connection); nil when the agent has none (a spec with Mounts then
+	// fails, 125).
+	OpenPort func(name string) (*os.File, error)
+	// Mount and Unmount mount and unmount a file system (unix.Mount and
+	// unix.Unmount as PID 1, creating the target first); nil: no binds.
+	Mount   func(source, target, fstype string, flags uintptr, data string) error
+	Unmount func(target string) error
 
 	wmu       sync.Mutex
 	stopGrace time.Duration // the spec's, 0 for StopGrace
+	mounted   []string      // the binds' targets, in mount order
 }
 
 // send writes one message to the control port; writes come from several
@@ -147,6 +156,12 @@ func (a *Agent) run(s *jobproto.Start, msgs <-chan jobproto.Message, hostDone <-
 		}
 	}
 	a.stopGrace = s.StopGrace
+	if err := ensureUser(a.Root, s); err != nil {
+		return &jobproto.Failed{Kind: jobproto.FailAgent, Reason: err.Error()}
+	}
+	if f := a.mountBinds(s); f != nil {
+		return f
+	}
 	env := Env(s)
 	if f := CheckWorkdir(a.Root, s.Workdir); f != nil {
 		return f
@@ -214,6 +229,7 @@ func (a *Agent) run(s *jobproto.Start, msgs <-chan jobproto.Message, hostDone <-
 		_ = unix.Kill(-pid, unix.SIGKILL)
 	}
 	a.reapRest(pid)
+	a.unmountBinds()
 	if drained != nil {
 		select {
 		case <-drained:

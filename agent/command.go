@@ -37,6 +37,9 @@ func Env(s *jobproto.Start) []string {
 		home := "/root"
 		if s.SetUser && s.UID != 0 {
 			home = "/"
+			if s.Home != "" {
+				home = s.Home
+			}
 		}
 		env = append(env, "HOME="+home)
 	}
@@ -129,9 +132,10 @@ func Command(s *jobproto.Start, path string, env []string) *exec.Cmd {
 		attr.Setpgid = true
 	}
 	if s.SetUser {
-		// Groups empty: setgroups(0), so the command does not keep
-		// root's supplementary groups.
-		attr.Credential = &syscall.Credential{Uid: s.UID, Gid: s.GID, Groups: []uint32{}}
+		// Groups never nil: setgroups with the spec's list (empty: none),
+		// so the command does not keep root's supplementary groups.
+		groups := append([]uint32{}, s.Groups...)
+		attr.Credential = &syscall.Credential{Uid: s.UID, Gid: s.GID, Groups: groups}
 	}
 	cmd.SysProcAttr = attr
 	return cmd

@@ -73,13 +73,32 @@ func pid1() error {
 	a := &Agent{
 		Root: "/", Control: control, Stdin: stdin, Stdout: stdout, Stderr: stderr,
 		Waiter: SysWaiter{}, PID1: true, PowerButton: press, Prepare: prepare,
-		OpenPMI: openPMIPorts,
+		OpenPMI: openPMIPorts, OpenPort: openPort, Mount: mountAt, Unmount: unmountAt,
 	}
 	for _, w := range warnings {
 		a.Logf("%s", w)
 	}
 	return a.Serve()
 }
+
+// openPort opens a named port for reading and writing (as PID 1).
+func openPort(name string) (*os.File, error) {
+	ports, err := FindPorts("/sys", "/dev", []string{name}, portTimeout)
+	if err != nil {
+		return nil, err
+	}
+	return os.OpenFile(ports[name], os.O_RDWR, 0)
+}
+
+// mountAt mounts a file system, creating its target in the guest's tree.
+func mountAt(source, target, fstype string, flags uintptr, data string) error {
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		return err
+	}
+	return unix.Mount(source, target, fstype, flags, data)
+}
+
+func unmountAt(target string) error { return unix.Unmount(target, 0) }
 
 // useConsole points the agent's own stdin/stdout/stderr at /dev/console
 // (the serial console), whatever the kernel gave init: its messages are

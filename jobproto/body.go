@@ -43,7 +43,23 @@ func (m *Start) appendBody(b []byte) []byte {
 		b = binary.AppendUvarint(b, s)
 	}
 	b = binary.AppendUvarint(b, uint64(m.StopGrace/time.Millisecond))
-	return appendBool(b, m.PMI)
+	b = appendBool(b, m.PMI)
+	b = binary.AppendUvarint(b, uint64(len(m.Groups)))
+	for _, g := range m.Groups {
+		b = binary.AppendUvarint(b, uint64(g))
+	}
+	b = appendString(b, m.UserName)
+	b = appendString(b, m.GroupName)
+	b = appendString(b, m.Home)
+	b = binary.AppendUvarint(b, uint64(len(m.Mounts)))
+	for _, mt := range m.Mounts {
+		b = appendString(b, mt.Port)
+		b = appendString(b, mt.Target)
+		b = appendBool(b, mt.ReadOnly)
+		b = binary.AppendUvarint(b, uint64(mt.MSize))
+		b = appendString(b, mt.Cache)
+	}
+	return b
 }
 
 func (m *Start) decodeBody(d *decoder) {
@@ -93,6 +109,34 @@ func (m *Start) decodeBody(d *decoder) {
 	}
 	m.StopGrace = time.Duration(d.uint("stop grace", uint64(MaxStopGrace/time.Millisecond))) * time.Millisecond
 	m.PMI = d.bool("pmi")
+	n = d.count("groups", 1)
+	if n > MaxGroups {
+		d.fail("%d groups, at most %d", n, MaxGroups)
+	}
+	if n > 0 && d.err == nil {
+		m.Groups = make([]uint32, n)
+	}
+	for i := range m.Groups {
+		m.Groups[i] = uint32(d.uint("group", 1<<32-1))
+	}
+	m.UserName = d.string("user name")
+	m.GroupName = d.string("group name")
+	m.Home = d.string("home")
+	n = d.count("mounts", 5) // at least 5 bytes each
+	if n > MaxMounts {
+		d.fail("%d mounts, at most %d", n, MaxMounts)
+	}
+	if n > 0 && d.err == nil {
+		m.Mounts = make([]Mount, n)
+	}
+	for i := range m.Mounts {
+		mt := &m.Mounts[i]
+		mt.Port = d.string("mount port")
+		mt.Target = d.string("mount target")
+		mt.ReadOnly = d.bool("mount read-only")
+		mt.MSize = uint32(d.uint("mount msize", 1<<32-1))
+		mt.Cache = d.string("mount cache")
+	}
 }
 
 func ipLen(n int) bool { return n == net.IPv4len || n == net.IPv6len }

@@ -109,6 +109,14 @@ type Start struct {
 	SetUser bool
 	// UID and GID are COMMAND's user and group when SetUser is true.
 	UID, GID uint32
+	// Groups are COMMAND's supplementary groups when SetUser is true
+	// (none: dropped), at most MaxGroups.
+	Groups []uint32
+	// UserName and Home name COMMAND's user for the guest's /etc/passwd
+	// (and the group's name GroupName for /etc/group) when IMAGE has no
+	// entry for UID (GID): so `id`, `whoami` and ls show the host's
+	// names. Empty: no entry is added.
+	UserName, GroupName, Home string
 	// TTY gives COMMAND a pty of Rows x Cols (0: unknown) instead of raw
 	// byte streams: stdout and stderr both go to PortStdout.
 	TTY        bool
@@ -134,7 +142,36 @@ type Start struct {
 	// and pmi.PortOut: the agent gives COMMAND a socket of its own in
 	// PMI_FD, relayed to them (package pmi).
 	PMI bool
+	// Mounts are host directories the agent mounts (9P2000.L on a named
+	// port of their own) before COMMAND starts, in order; at most
+	// MaxMounts.
+	Mounts []Mount
 }
+
+// Mount is one host directory in the guest: the agent relays the port
+// Port to a socket pair and mounts the kernel's 9P client on it at Target.
+type Mount struct {
+	// Port is the virtio-console port carrying the 9P connection.
+	Port string
+	// Target is the absolute, clean path of the mount in the guest.
+	Target string
+	// ReadOnly mounts it read-only (the host's server refuses writes too).
+	ReadOnly bool
+	// MSize is the 9P message size the agent asks the kernel for.
+	MSize uint32
+	// Cache is the kernel 9P client's cache= mode ("" for its default).
+	Cache string
+}
+
+// Bounds of Start's lists that the agent acts on one by one.
+const (
+	// MaxMounts bounds Start.Mounts: each takes a port, and a Console has
+	// at most 16 named ports.
+	MaxMounts = 16
+	// MaxGroups bounds Start.Groups (Linux's NGROUPS_MAX is 65536; a
+	// user's groups on a cluster are far fewer).
+	MaxGroups = 1024
+)
 
 // MaxStopGrace bounds Start.StopGrace.
 const MaxStopGrace = 24 * time.Hour

@@ -33,6 +33,12 @@ func samples() []Message {
 			HugePageSizes: []uint64{2 << 20, 1 << 30},
 			StopGrace:     1500 * time.Millisecond,
 			PMI:           true,
+			Groups:        []uint32{0, 27, 1<<32 - 1},
+			UserName:      "alice", GroupName: "alice", Home: "/home/alice",
+			Mounts: []Mount{
+				{Port: "org.hpcvmm.9p.0", Target: "/home/alice", MSize: 512 << 10, Cache: "none"},
+				{Port: "org.hpcvmm.9p.1", Target: "/data", ReadOnly: true},
+			},
 		},
 		&Start{Argv: []string{"true"}},
 		&Signal{Signo: uint8(syscall.SIGTERM)},
