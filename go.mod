@@ -6,6 +6,7 @@ require (
 	github.com/creack/pty v1.1.24
 	github.com/elastic/go-seccomp-bpf v1.6.0
 	github.com/google/go-containerregistry v0.22.1
+	github.com/hugelgupf/p9 v0.3.0
 	github.com/insomniacslk/dhcp v0.0.0-20231206064809-8c70d406f6d2
 	github.com/klauspost/compress v1.19.2
 	github.com/pierrec/lz4/v4 v4.1.22

@@ -283,7 +283,8 @@ func program(k Kind, m Mode, pid int, sockets []int) ([]bpf.RawInstruction, erro
 		return nil, fmt.Errorf("seccomp: unknown thread kind %q", k)
 	}
 	var rules []argRule
-	if k == Process {
+	switch k {
+	case Process:
 		var err error
 		if rules, err = argRules(pid, sockets); err != nil {
 			return nil, err
@@ -291,6 +292,8 @@ func program(k Kind, m Mode, pid int, sockets []int) ([]bpf.RawInstruction, erro
 		if len(sockets) == 0 {
 			names = slices.DeleteFunc(slices.Clone(names), func(n string) bool { return slices.Contains(socketCalls, n) })
 		}
+	case FileServer:
+		rules = fileServerArgRules(pid)
 	}
 	def := uint32(libseccomp.ActionKillProcess)
 	if m == Log {

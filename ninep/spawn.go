@@ -1,0 +1,175 @@
+package ninep
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ChildName is argv[0] under which hpcvmm's binary is the file server
+// (cmd/hpcvmm dispatches to ChildMain on it).
+const ChildName = "hpcvmm-9p"
+
+// closeWait is how long Close waits for the child to end after closing
+// its connections before it kills it.
+const closeWait = 5 * time.Second
+
+// SpawnOptions configure the file server's child process.
+type SpawnOptions struct {
+	// Log receives the child's stderr: the refusals, one line each,
+	// already rate-limited by the child. nil discards them.
+	Log io.Writer
+	// MaxMessageSize is each connection's bound (Options.MaxMessageSize;
+	// 0 is DefaultMessageSize).
+	MaxMessageSize uint32
+	// Credential, when set, is what the child runs as (the job's user
+	// under Slurm); nil keeps hpcvmm's.
+	Credential *syscall.Credential
+	// Seccomp puts the FileServer filter (package seccomp) on the child
+	// before it reads a request.
+	Seccomp bool
+}
+
+// Conn is one export's connection to the child: the two ends the console
+// port's relays use.
+type Conn struct {
+	// Requests is written with what the guest sends (the port's ToHost).
+	Requests io.WriteCloser
+	// Replies is read for what goes to the guest (the port's FromHost).
+	Replies io.ReadCloser
+}
+
+// Process is a running file server child, one Conn per export in the
+// order given to Spawn.
+type Process struct {
+	Conns []Conn
+
+	cmd     *exec.Cmd
+	done    chan struct{}
+	waitErr error
+	once    sync.Once
+	err     error
+}
+
+// Spawn starts hpcvmm's binary self as the file server (argv[0]
+// ChildName) for exports, each given as its root descriptor and two pipes
+// (the child's descriptors 3+3i, 4+3i, 5+3i), with the read-only flags
+// and bounds as arguments that the child checks. The child is killed if
+// the thread that started it ends (Pdeathsig): call Spawn from a goroutine
+// that is not locked to its thread. Nothing is started when an export or
+// option is unusable.
+func Spawn(self string, exports []Export, o SpawnOptions) (*Process, error) {
+	if len(exports) == 0 {
+		return nil, errors.New("ninep: no export to serve")
+	}
+	if _, err := (Options{MaxMessageSize: o.MaxMessageSize}).messageSize(); err != nil {
+		return nil, err
+	}
+	args := []string{ChildName, "-msize", strconv.FormatUint(uint64(o.MaxMessageSize), 10), "-seccomp", "off"}
+	if o.Seccomp {
+		args[4] = "kill"
+	}
+	for i, e := range exports {
+		if e.Root == nil {
+			return nil, fmt.Errorf("ninep: export %d has no root descriptor", i)
+		}
+		if st, err := statFD(int(e.Root.Fd())); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return nil, fmt.Errorf("ninep: export %d (%s) is not a directory: give a directory to bind", i, e.Root.Name())
+		}
+		args = append(args, map[bool]string{true: "ro", false: "rw"}[e.ReadOnly])
+	}
+	p := &Process{done: make(chan struct{})}
+	var child []*os.File // the child's ends, closed here once it runs
+	closeAll := func() {
+		for _, f := range child {
+			f.Close()
+		}
+	}
+	for _, e := range exports {
+		reqR, reqW, err := os.Pipe()
+		if err != nil {
+			closeAll()
+			p.closeConns()
+			return nil, fmt.Errorf("ninep: pipe: %w", err)
+		}
+		repR, repW, err := os.Pipe()
+		if err != nil {
+			reqR.Close()
+			reqW.Close()
+			closeAll()
+			p.closeConns()
+			return nil, fmt.Errorf("ninep: pipe: %w", err)
+		}
+		child = append(child, e.Root, reqR, repW)
+		p.Conns = append(p.Conns, Conn{Requests: reqW, Replies: repR})
+	}
+	log := o.Log
+	if log == nil {
+		log = io.Discard
+	}
+	p.cmd = &exec.Cmd{
+		Path:       self,
+		Args:       args,
+		Env:        []string{},
+		ExtraFiles: child,
+		Stderr:     log,
+		SysProcAttr: &syscall.SysProcAttr{
+			Pdeathsig:  syscall.SIGKILL,
+			Credential: o.Credential,
+		},
+	}
+	err := p.cmd.Start()
+	// The child has its own copies now; the roots stay the caller's.
+	for i, f := range child {
+		if i%3 != 0 {
+			f.Close()
+		}
+	}
+	if err != nil {
+		p.closeConns()
+		return nil, fmt.Errorf("ninep: start the file server %s: %w", self, err)
+	}
+	go func() {
+		p.waitErr = p.cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+func (p *Process) closeConns() {
+	for _, c := range p.Conns {
+		c.Requests.Close()
+		c.Replies.Close()
+	}
+}
+
+// Done is closed when the child has ended.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Close ends the file server: its connections are closed (the child
+// serves what it has and exits), and a child still running after a few
+// seconds is killed. It returns how the child ended (nil for a clean
+// exit) and the same on every call.
+func (p *Process) Close() error {
+	p.once.Do(func() {
+		p.closeConns()
+		select {
+		case <-p.done:
+		case <-time.After(closeWait):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if p.waitErr != nil {
+			p.err = fmt.Errorf("ninep: file server: %w", p.waitErr)
+		}
+	})
+	return p.err
+}
