@@ -72,7 +72,57 @@ func Acting(getenv func(string) string) (*User, error) {
 	if uid == euid {
 		return nil, nil
 	}
-	return Lookup(uint32(uid))
+	u, err := Lookup(uint32(uid))
+	if err != nil && getenv(JobGIDVar) != "" {
+		// A user the local files do not know (LDAP or SSSD, which a
+		// static binary cannot ask): Slurm's own record of the user, with
+		// no supplementary groups, which can only take rights away.
+		gid, gerr := strconv.ParseUint(getenv(JobGIDVar), 10, 32)
+		if gerr != nil {
+			return nil, fmt.Errorf("%s=%q: not a numeric gid", JobGIDVar, getenv(JobGIDVar))
+		}
+		return &User{UID: uint32(uid), GID: uint32(gid), Groups: []uint32{}, Name: getenv("SLURM_JOB_USER")}, nil
+	}
+	return u, err
+}
+
+// JobGIDVar is the variable in which Slurm gives a job step its user's
+// primary gid.
+const JobGIDVar = "SLURM_JOB_GID"
+
+// Home is uid's home directory from the user database ("" when unknown).
+func Home(uid uint32) string {
+	u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10))
+	if err != nil {
+		return ""
+	}
+	return u.HomeDir
+}
+
+// Self is hpcvmm's own user: its effective ids and groups, named from the
+// user database where it knows them (else from $USER).
+func Self() *User {
+	u := &User{UID: uint32(os.Geteuid()), GID: uint32(os.Getegid()), Groups: []uint32{}}
+	if gs, err := os.Getgroups(); err == nil {
+		for _, g := range gs {
+			u.Groups = append(u.Groups, uint32(g))
+		}
+	}
+	if pw, err := user.LookupId(strconv.Itoa(os.Geteuid())); err == nil {
+		u.Name = pw.Username
+	} else {
+		u.Name = os.Getenv("USER")
+	}
+	return u
+}
+
+// GroupName is gid's name from the group database ("" when unknown).
+func GroupName(gid uint32) string {
+	g, err := user.LookupGroupId(strconv.FormatUint(uint64(gid), 10))
+	if err != nil {
+		return ""
+	}
+	return g.Name
 }
 
 // Lookup returns uid's user with its primary group and supplementary

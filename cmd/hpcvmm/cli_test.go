@@ -181,7 +181,7 @@ func TestRunHelpGroups(t *testing.T) {
 		"Placement":           {"numa-node", "cpu-list", "allow-cross-numa", "cpu-mode", "prefault-workers", "topology"},
 		"Devices":             {"gpu", "vf", "bind-devices", "p2p", "net", "nccl-topo"},
 		"Console and logging": {"console", "log-level", "shutdown-timeout", "seccomp"},
-		"Job":                 {"rootfs", "env", "env-file", "workdir", "user", "quiet", "dns", "hostname"},
+		"Job":                 {"rootfs", "env", "env-file", "workdir", "user", "quiet", "dns", "hostname", "bind", "no-home", "no-cwd", "contain"},
 		"Other":               {"help"},
 	}
 	order := []string{"Guest", "Placement", "Devices", "Console and logging", "Job", "Other"}
@@ -194,7 +194,7 @@ func TestRunHelpGroups(t *testing.T) {
 			seen = append(seen, h)
 			continue
 		}
-		if m := regexp.MustCompile(`^  (?:-h, )?--([a-z0-9-]+)`).FindStringSubmatch(line); m != nil {
+		if m := regexp.MustCompile(`^  (?:-[a-zA-Z], )?--([a-z0-9-]+)`).FindStringSubmatch(line); m != nil {
 			_, dup := section[m[1]]
 			assert.False(t, dup, "--%s listed twice", m[1])
 			section[m[1]] = heading

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/hpcvmm/hpcvmm/agent"
+	"github.com/hpcvmm/hpcvmm/binds"
 	"github.com/hpcvmm/hpcvmm/initramfs"
 	"github.com/hpcvmm/hpcvmm/job"
 	"github.com/hpcvmm/hpcvmm/jobproto"
@@ -38,6 +39,7 @@ type jobFlags struct {
 	user     string
 	quiet    bool
 	hostname string
+	bindFlags
 }
 
 // agentPath is where a job's initramfs holds hpcvmm as its agent.
@@ -50,8 +52,8 @@ func addJobFlags(c *command, rf *runFlags) {
 	g.StringVar(&f.rootfs, "rootfs", "", "`IMAGE`: the job's files: a directory, a tar archive (plain, gzip, zstd), an OCI image layout or a docker/podman save archive; hpcvmm builds (and caches) the initramfs with its agent and the guest's modules. Not with --initrd")
 	g.StringArrayVar(&f.env, "env", nil, "`KEY=VALUE`: COMMAND's environment (repeatable; KEY alone takes hpcvmm's value). PATH defaults to "+agent.DefaultPath)
 	g.StringArrayVar(&f.envFiles, "env-file", nil, "`FILE`: KEY=VALUE lines for COMMAND's environment (# comments and blank lines skipped), before --env (repeatable)")
-	g.StringVar(&f.workdir, "workdir", "", "`DIR`: COMMAND's working directory in the guest (default /)")
-	g.StringVar(&f.user, "user", "", "`UID[:GID]`: run COMMAND as this numeric user and group (GID defaults to UID; default root)")
+	g.StringVar(&f.workdir, "workdir", "", "`DIR`: COMMAND's working directory in the guest (default: the host's working directory when it is bound, else /)")
+	g.StringVar(&f.user, "user", "", "`UID[:GID]`: run COMMAND as this numeric user and group (GID defaults to UID; default: hpcvmm's own user and groups, or the job's user when root runs hpcvmm for a Slurm job; root when root runs it for itself)")
 	g.BoolVar(&f.quiet, "quiet", false, "print nothing of hpcvmm's own (no log, no guest console) on stderr: COMMAND's stderr and a one-line failure reason only")
 	g.Func("dns", "`ADDRESS`: a name server for the job's /etc/resolv.conf in the guest (repeatable; default: with ip=dhcp the DHCP server's, else the host's /etc/resolv.conf name servers that are not loopback addresses)", func(s string) error {
 		if net.ParseIP(s) == nil {
@@ -61,6 +63,7 @@ func addJobFlags(c *command, rf *runFlags) {
 		return nil
 	})
 	g.StringVar(&f.hostname, "hostname", "", "`NAME`: the guest's hostname (default the host's, as for a job run directly)")
+	addBindFlags(g, &f.bindFlags)
 }
 
 // jobCommand is COMMAND: the arguments after "--", nil when there are none
@@ -172,14 +175,8 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 		fmt.Fprintf(stderr, "hpcvmm run: "+format+"\n", args...)
 		return code
 	}
-	if jf.rootfs != "" && f.cfg.Initrd != "" {
-		return c.usageError(stderr, "--rootfs and --initrd: give one (--rootfs IMAGE builds the initramfs; --initrd FILE must hold hpcvmm at %s)", agentPath)
-	}
-	if jf.rootfs == "" && f.cfg.Initrd == "" {
-		return c.usageError(stderr, "COMMAND needs its files: give --rootfs IMAGE")
-	}
-	if err := defaultJobKernel(&f.cfg); err != nil {
-		return fail(2, "%v", err)
+	if code := checkJobFiles(c, f, jf, stderr); code >= 0 {
+		return code
 	}
 	spec, step, err := jobSpec(f, jf, argv)
 	if err != nil {
@@ -192,8 +189,14 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 	}
 	log := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: f.logLevel}))
 
+	acting, opened, err := jobUserAndBinds(jf, &spec, log)
+	if err != nil {
+		return fail(2, "%v", err)
+	}
+	defer binds.Close(opened)
+
 	if jf.rootfs != "" {
-		initrd, code := prepareRootfs(jf.rootfs, f, &spec, log, stderr)
+		initrd, code := prepareRootfs(jf.rootfs, f, &spec, checkBindsInImage(opened), log, stderr)
 		if code >= 0 {
 			return code
 		}
@@ -206,6 +209,7 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 		spec.TTY = true
 		spec.Rows, spec.Cols = terminalSize(stdout)
 	}
+	spec.Mounts = binds.Mounts(opened, bindMSize, bindCache)
 	j, err := job.New(spec, job.Streams{Stdin: stdin, Stdout: stdout, Stderr: stderr},
 		job.Options{ShutdownTimeout: f.shutdownTimeout, Log: log})
 	if err != nil {
@@ -224,11 +228,15 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 	cfg.ConsolePorts = j.Ports()
 	if step != nil {
 		defer step.Conn.Close()
-		cfg.ConsolePorts = append(cfg.ConsolePorts,
-			console.Port{Name: pmi.PortIn, FromHost: step.Conn},
-			console.Port{Name: pmi.PortOut, ToHost: pmi.SocketWriter{File: step.Conn}})
-		log.Info("PMI: relaying srun's PMI socket into the guest", "pmi_fd", os.Getenv(pmi.FDVar), "ports", pmi.PortIn+","+pmi.PortOut)
+		cfg.ConsolePorts = append(cfg.ConsolePorts, pmiPorts(step, log)...)
 	}
+
+	server, err := serveJobBinds(opened, acting, f.cfg.Seccomp, logOut, log)
+	if err != nil {
+		return fail(jobproto.CodeAgentFailed, "%v", err)
+	}
+	defer server.Close()
+	cfg.ConsolePorts = append(cfg.ConsolePorts, server.Ports...)
 
 	vm, err := vmm.New(cfg)
 	if err != nil {
@@ -239,13 +247,7 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 	}
 	defer vm.Close()
 
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT,
-		syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGCONT, syscall.SIGWINCH)
-	defer signal.Stop(sigs)
-	stopSignals := make(chan struct{})
-	defer close(stopSignals)
-	go forwardJobSignals(sigs, stopSignals, j, stdout, isTerm, log)
+	defer relayJobSignals(j, stdout, isTerm, log)()
 	if isTerm {
 		// Raw mode: keys (Ctrl-C included) go to the guest's pty, whose
 		// line discipline interprets them as a local terminal would.
@@ -266,6 +268,22 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 		log.Debug("job: ended", "status", st.String())
 	}
 	return st.ExitCode()
+}
+
+// checkJobFiles refuses a job without its files (or with two sources of
+// them) and settles the kernel; a code >= 0 is the exit status.
+func checkJobFiles(c *command, f *runFlags, jf *jobFlags, stderr io.Writer) int {
+	if jf.rootfs != "" && f.cfg.Initrd != "" {
+		return c.usageError(stderr, "--rootfs and --initrd: give one (--rootfs IMAGE builds the initramfs; --initrd FILE must hold hpcvmm at %s)", agentPath)
+	}
+	if jf.rootfs == "" && f.cfg.Initrd == "" {
+		return c.usageError(stderr, "COMMAND needs its files: give --rootfs IMAGE")
+	}
+	if err := defaultJobKernel(&f.cfg); err != nil {
+		fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
+		return 2
+	}
+	return -1
 }
 
 // defaultJobKernel sets cfg.Kernel, when --kernel was not given, to the
@@ -328,6 +346,26 @@ func jobSpec(f *runFlags, jf *jobFlags, argv []string) (job.Spec, *pmi.Step, err
 	return spec, step, nil
 }
 
+// pmiPorts are the two ports that relay srun's PMI socket into the guest.
+func pmiPorts(step *pmi.Step, log *slog.Logger) []console.Port {
+	log.Info("PMI: relaying srun's PMI socket into the guest", "pmi_fd", os.Getenv(pmi.FDVar), "ports", pmi.PortIn+","+pmi.PortOut)
+	return []console.Port{
+		{Name: pmi.PortIn, FromHost: step.Conn},
+		{Name: pmi.PortOut, ToHost: pmi.SocketWriter{File: step.Conn}},
+	}
+}
+
+// relayJobSignals passes the signals a job's COMMAND gets on to it
+// (forwardJobSignals) until the returned func is called.
+func relayJobSignals(j *job.Job, stdout io.Writer, isTerm bool, log *slog.Logger) (stop func()) {
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT,
+		syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGCONT, syscall.SIGWINCH)
+	stopSignals := make(chan struct{})
+	go forwardJobSignals(sigs, stopSignals, j, stdout, isTerm, log)
+	return func() { signal.Stop(sigs); close(stopSignals) }
+}
+
 // forwardJobSignals passes the signals hpcvmm receives to the job's
 // command until stop is closed; SIGWINCH becomes a resize of the command's
 // terminal when it has one.
@@ -353,13 +391,17 @@ func forwardJobSignals(sigs <-chan os.Signal, stop <-chan struct{}, j *job.Job, 
 // initramfs; a code >= 0 is the exit status to end with (its reason
 // printed). A cached initramfs is looked up first: on a hit the checks read
 // nothing of an archive or container IMAGE, and nothing is built.
-func prepareRootfs(image string, f *runFlags, spec *job.Spec, log *slog.Logger, stderr io.Writer) (string, int) {
+func prepareRootfs(image string, f *runFlags, spec *job.Spec, check func(*rootfs.Image) error, log *slog.Logger, stderr io.Writer) (string, int) {
 	im, err := rootfs.Open(image)
 	if err != nil {
 		fmt.Fprintf(stderr, "hpcvmm run: --rootfs: %v\n", err)
 		return "", 2
 	}
 	defer im.Close()
+	if err := check(im); err != nil {
+		fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
+		return "", 2
+	}
 	t0 := time.Now()
 	cfg, cfgErr := jobInitrdConfig(im, f)
 	var hit *initramfs.Result

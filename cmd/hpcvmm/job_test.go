@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -88,4 +89,52 @@ func TestConsoleWatch(t *testing.T) {
 	require.Contains(t, out.String(), "more\n")
 	line := []byte("ordinary console line\n")
 	require.Zero(t, testing.AllocsPerRun(100, func() { _, _ = c.Write(line) }))
+}
+
+// TestJobBindInputErrors: every bad -B/--bind is a one-line error (exit 2)
+// before anything on the host changes: no initramfs cache is made.
+func TestJobBindInputErrors(t *testing.T) {
+	img := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(img, "bin"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(img, "bin/sh"), []byte("#!/bin/sh\n"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(img, "data"), []byte("x"), 0o644))
+	kernel := filepath.Join(t.TempDir(), "bzImage")
+	require.NoError(t, os.WriteFile(kernel, []byte("not checked before the binds"), 0o644))
+	src := t.TempDir()
+	file := filepath.Join(src, "f")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	cache := filepath.Join(t.TempDir(), "cache")
+	t.Setenv("XDG_CACHE_HOME", cache)
+	t.Setenv("HOME", cache)
+	job := func(extra ...string) []string {
+		return append(append([]string{"run", "--kernel", kernel, "--rootfs", img, "--contain"}, extra...), "--", "sh")
+	}
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{job("--bind", filepath.Join(src, "absent")), []string{"--bind", "absent", "no such directory on the host"}},
+		{job("-B", file), []string{file, "not a directory"}},
+		{job("-B", src+":data"), []string{`"data" is relative`}},
+		{job("-B", src+":/"), []string{"covers /"}},
+		{job("-B", src+":/proc"), []string{"covers /proc"}},
+		{job("-B", src+":/sys/x"), []string{"covers /sys"}},
+		{job("-B", src+":/dev"), []string{"covers /dev"}},
+		{job("-B", src+":/.hpcvmm"), []string{"covers /.hpcvmm"}},
+		{job("-B", src+":/d", "-B", t.TempDir()+":/d"), []string{"both bound at /d"}},
+		{job("-B", src+":/d:rx"), []string{`option "rx"`}},
+		{job("-B", src+":/data"), []string{"the image has a file at /data"}},
+		{job("--bind", "--gpu"), []string{"--bind-devices"}},
+		{[]string{"run", "--kernel", kernel, "--bind=true"}, []string{"--bind-devices"}},
+		{[]string{"run", "--kernel", kernel, "--bind", src}, []string{"give it after --"}},
+	} {
+		code, _, errOut := hpcvmm(c.args...)
+		assert.Equal(t, 2, code, "%v: %s", c.args, errOut)
+		for _, w := range c.want {
+			assert.Contains(t, errOut, w, "%v", c.args)
+		}
+		assert.LessOrEqual(t, strings.Count(strings.TrimSpace(errOut), "\n"), 1, "%v: one line (and a usage hint): %s", c.args, errOut)
+	}
+	_, err := os.Stat(cache)
+	assert.True(t, os.IsNotExist(err), "no cache made for refused input")
 }

@@ -75,21 +75,47 @@ func jobInitrdConfig(im *rootfs.Image, f *runFlags) (initramfs.Config, error) {
 	slices.Sort(aliases) // map order must not change the cache key
 	return initramfs.Config{
 		Image: im, Agent: self, Release: release, Modaliases: aliases,
-		Modules:     append(append([]string(nil), kmodules.DefaultModules...), powerButtonModules...),
+		Modules:     jobModules(f.job.withBinds),
 		GuestMemory: int64(f.cfg.Memory),
 	}, nil
 }
 
-// buildJobInitrd builds IMAGE's initramfs into the cache; without the
-// power button's modules when the kernel has none.
-func buildJobInitrd(cfg initramfs.Config, log *slog.Logger) (*initramfs.Result, error) {
-	res, err := initramfs.Build(cfg)
-	if err != nil && strings.Contains(err.Error(), "neither in") {
-		log.Warn("job: no power-button modules for this kernel; the guest ignores the power button", "err", err)
-		cfg.Modules = nil
-		res, err = initramfs.Build(cfg)
+// bindModules are the kernel's 9P client over file descriptors, for a
+// job's host directories (package binds): 9pnet_fd is a module of its own
+// since Linux 6.2 (before, trans=fd is part of 9pnet, which 9p needs).
+var bindModules = []string{"9pnet_fd", "9p"}
+
+// jobModules are the modules a job's guest loads besides the devices'.
+func jobModules(binds bool) []string {
+	m := append(append([]string(nil), kmodules.DefaultModules...), powerButtonModules...)
+	if binds {
+		m = append(m, bindModules...)
 	}
-	return res, err
+	return m
+}
+
+// buildJobInitrd builds IMAGE's initramfs into the cache; without the
+// power button's modules when the kernel has none, and without 9pnet_fd
+// when its transport is built into 9pnet.
+func buildJobInitrd(cfg initramfs.Config, log *slog.Logger) (*initramfs.Result, error) {
+	for {
+		res, err := initramfs.Build(cfg)
+		if err == nil || !strings.Contains(err.Error(), "neither in") {
+			return res, err
+		}
+		switch {
+		case slices.ContainsFunc(powerButtonModules, func(m string) bool { return strings.Contains(err.Error(), "module "+m+" ") }):
+			log.Warn("job: no power-button modules for this kernel; the guest ignores the power button", "err", err)
+			cfg.Modules = slices.DeleteFunc(slices.Clone(cfg.Modules), func(m string) bool { return slices.Contains(powerButtonModules, m) })
+		case strings.Contains(err.Error(), "module 9pnet_fd ") && slices.Contains(cfg.Modules, "9pnet_fd"):
+			cfg.Modules = slices.DeleteFunc(slices.Clone(cfg.Modules), func(m string) bool { return m == "9pnet_fd" })
+		default:
+			if slices.Contains(cfg.Modules, "9p") {
+				return nil, fmt.Errorf("%w (binding host directories needs the kernel's 9P client: --no-home --no-cwd and no --bind to run without)", err)
+			}
+			return nil, err
+		}
+	}
 }
 
 // logInitrd logs the initramfs a job boots: a cache hit, or what was built.

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 
+	"github.com/hpcvmm/hpcvmm/binds"
 	"github.com/hpcvmm/hpcvmm/guestnet"
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/slurm"
@@ -58,6 +59,7 @@ func newRunCommand() (*command, *runFlags) {
 		"[--seccomp on|off|log]",
 		"[--rootfs IMAGE] [--env KEY=VALUE]... [--env-file FILE]... [--workdir DIR]",
 		"[--user UID[:GID]] [--quiet] [--dns ADDRESS]... [--hostname NAME]",
+		"[-B|--bind SRC[:DST[:ro|rw]]]... [--no-home] [--no-cwd] [--contain]",
 		"[-- COMMAND [ARG...]]")
 	c.footer = runFooter
 	// The command runs one VM and exits, so the filters are on by default
@@ -260,6 +262,9 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if argv != nil {
 		return runJob(c, f, &f.job, argv, stdin, stdout, stderr)
 	}
+	if len(f.job.binds) > 0 {
+		return refuseBindWithoutJob(c, f.job.binds[0], stderr)
+	}
 	if f.job.rootfs != "" {
 		return c.usageError(stderr, "--rootfs without a COMMAND: give it after --, e.g. hpcvmm run --rootfs %s -- /bin/sh", f.job.rootfs)
 	}
@@ -319,6 +324,17 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// refuseBindWithoutJob is the error for --bind on a VM without a job's
+// COMMAND. The old boolean spelling of --bind-devices lands here too
+// (`--bind=true`, or `--bind --gpu ...`): the parser's error names the new
+// flag.
+func refuseBindWithoutJob(c *command, bind string, stderr io.Writer) int {
+	if _, err := binds.Parse(bind, "/"); err != nil {
+		return c.usageError(stderr, "%v", err)
+	}
+	return c.usageError(stderr, "--bind binds a host directory for a job's COMMAND: give it after --, e.g. hpcvmm run --rootfs IMAGE --bind %s -- /bin/sh", bind)
 }
 
 // disableTHP turns transparent hugepages off for the VMM's own memory.

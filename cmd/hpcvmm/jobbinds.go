@@ -1,0 +1,204 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/spf13/pflag"
+
+	"github.com/hpcvmm/hpcvmm/asuser"
+	"github.com/hpcvmm/hpcvmm/binds"
+	"github.com/hpcvmm/hpcvmm/job"
+	"github.com/hpcvmm/hpcvmm/ninep"
+	"github.com/hpcvmm/hpcvmm/rootfs"
+	"github.com/hpcvmm/hpcvmm/virtio/console"
+	"github.com/hpcvmm/hpcvmm/vmm"
+)
+
+// bindFlags are the host-directory flags of a job (package binds).
+type bindFlags struct {
+	binds         []string
+	noHome, noCwd bool
+	contain       bool
+	withBinds     bool // set once the binds are opened: the guest needs 9P
+	defaults      bool // the default binds apply (a --rootfs job)
+}
+
+// addBindFlags defines -B/--bind, --no-home, --no-cwd and --contain.
+func addBindFlags(g *pflag.FlagSet, f *bindFlags) {
+	g.StringArrayVarP(&f.binds, "bind", "B", nil, "`SRC[:DST[:ro|rw]][,...]`: a host directory in the guest at DST (default SRC), read-write unless :ro, as Apptainer's -B; served by hpcvmm over 9P with hpcvmm's (or the job user's) rights (repeatable). $HOME and the working directory are bound by default")
+	g.BoolVar(&f.noHome, "no-home", false, "do not bind $HOME at its host path")
+	g.BoolVar(&f.noCwd, "no-cwd", false, "do not bind the working directory at its host path (COMMAND then starts in / unless --workdir)")
+	g.BoolVar(&f.contain, "contain", false, "bind nothing by default: --no-home and --no-cwd")
+}
+
+// jobIdentity gives COMMAND the user hpcvmm runs as (or acts for under
+// Slurm), as `apptainer exec` does, unless --user chose one: the ids, the
+// groups and the names for the guest's passwd and group files. hpcvmm run
+// as root for itself keeps COMMAND root. It returns whom hpcvmm acts for
+// (nil: itself) and the user's home directory ("" when unknown).
+func jobIdentity(spec *job.Spec, userFlag string) (acting *asuser.User, home string, err error) {
+	acting, err = asuser.Acting(os.Getenv)
+	if err != nil {
+		return nil, "", err
+	}
+	who := acting
+	switch {
+	case who != nil:
+		home = asuser.Home(who.UID)
+	case os.Geteuid() != 0:
+		who = asuser.Self()
+		home = os.Getenv("HOME")
+		if home == "" {
+			home = asuser.Home(who.UID)
+		}
+	}
+	if userFlag != "" || who == nil {
+		return acting, home, nil
+	}
+	spec.SetUser, spec.UID, spec.GID = true, who.UID, who.GID
+	spec.Groups = append([]uint32{}, who.Groups...)
+	spec.UserName, spec.GroupName, spec.Home = who.Name, asuser.GroupName(who.GID), home
+	return acting, home, nil
+}
+
+// openJobBinds parses the job's binds, adds the defaults, and opens each
+// source as acting (nil: hpcvmm itself); COMMAND's working directory
+// becomes the host's when it is bound and --workdir is not given. The
+// defaults that could not be bound are logged.
+func openJobBinds(f *bindFlags, spec *job.Spec, acting *asuser.User, home string, log *slog.Logger) ([]binds.Opened, error) {
+	cwd, err := os.Getwd()
+	if err != nil {
+		cwd = ""
+	}
+	var list []binds.Bind
+	for _, v := range f.binds {
+		bs, err := binds.Parse(v, cwd)
+		if err != nil {
+			return nil, err
+		}
+		list = append(list, bs...)
+	}
+	// An --initrd of one's own gets the explicit binds only: its
+	// initramfs may not have the kernel's 9P client.
+	none := f.contain || !f.defaults
+	list = binds.WithDefaults(list, binds.Defaults{Cwd: cwd, NoCwd: f.noCwd || none, Home: home, NoHome: f.noHome || none})
+	if err := binds.Check(list, nil); err != nil {
+		return nil, err
+	}
+	opened, skipped, err := binds.Open(list, acting)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range skipped {
+		log.Warn("job: a default bind is left out", "why", s)
+	}
+	f.withBinds = len(opened) > 0
+	if spec.Workdir == "" && cwd != "" {
+		for _, o := range opened {
+			if rel, err := filepath.Rel(o.Source, cwd); err == nil && filepath.IsLocal(rel) {
+				spec.Workdir = filepath.Join(o.Target, rel)
+				break
+			}
+		}
+	}
+	return opened, nil
+}
+
+// describeBinds is the log line's list of binds.
+func describeBinds(opened []binds.Opened) []string {
+	var out []string
+	for _, o := range opened {
+		s := o.Source + ":" + o.Target
+		if o.ReadOnly {
+			s += ":ro"
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// checkBindsInImage refuses a bind whose target IMAGE has as a file.
+func checkBindsInImage(opened []binds.Opened) func(im *rootfs.Image) error {
+	return func(im *rootfs.Image) error {
+		list := make([]binds.Bind, len(opened))
+		for i, o := range opened {
+			list[i] = o.Bind
+		}
+		if err := binds.Check(list, im); err != nil {
+			return fmt.Errorf("%w", err)
+		}
+		return nil
+	}
+}
+
+// The binds' 9P settings (docs/jobs.md "Host directories"): the message
+// size the guest asks for and the kernel 9P client's cache mode.
+const (
+	bindMSize = 512 << 10
+	bindCache = "mmap"
+)
+
+// bindServer is hpcvmm's 9P file server process for a job's binds, and the
+// console ports that carry its connections.
+type bindServer struct {
+	Ports []console.Port
+	proc  *ninep.Process
+}
+
+// Close stops the server (after the VM is gone); a server of no binds
+// has nothing to stop.
+func (s *bindServer) Close() error {
+	if s.proc == nil {
+		return nil
+	}
+	return s.proc.Close()
+}
+
+// jobUserAndBinds settles whom COMMAND runs as (jobIdentity) and opens the
+// job's binds as that user; the defaults apply to a --rootfs job.
+func jobUserAndBinds(jf *jobFlags, spec *job.Spec, log *slog.Logger) (*asuser.User, []binds.Opened, error) {
+	acting, home, err := jobIdentity(spec, jf.user)
+	if err != nil {
+		return nil, nil, err
+	}
+	jf.defaults = jf.rootfs != ""
+	opened, err := openJobBinds(&jf.bindFlags, spec, acting, home, log)
+	return acting, opened, err
+}
+
+// serveJobBinds starts the file server on the opened sources: a process of
+// its own (hpcvmm's binary as hpcvmm-9p), with acting's rights when hpcvmm
+// acts for a user, under a seccomp list of its own unless --seccomp off;
+// its refusals go to logOut.
+func serveJobBinds(opened []binds.Opened, acting *asuser.User, sc vmm.SeccompMode, logOut io.Writer, log *slog.Logger) (*bindServer, error) {
+	if len(opened) == 0 {
+		return &bindServer{}, nil
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("finding hpcvmm's own binary for the file server: %w", err)
+	}
+	exports := make([]ninep.Export, len(opened))
+	for i, o := range opened {
+		exports[i] = ninep.Export{Root: o.Root, ReadOnly: o.ReadOnly}
+	}
+	opts := ninep.SpawnOptions{Log: logOut, MaxMessageSize: bindMSize, Seccomp: sc != vmm.SeccompOff}
+	if acting != nil {
+		opts.Credential = &syscall.Credential{Uid: acting.UID, Gid: acting.GID, Groups: append([]uint32{}, acting.Groups...)}
+	}
+	p, err := ninep.Spawn(self, exports, opts)
+	if err != nil {
+		return nil, fmt.Errorf("starting the file server for --bind: %w", err)
+	}
+	s := &bindServer{proc: p}
+	for i, c := range p.Conns {
+		s.Ports = append(s.Ports, console.Port{Name: binds.PortName(i), FromHost: c.Replies, ToHost: c.Requests})
+	}
+	log.Info("job: host directories bound", "binds", describeBinds(opened))
+	return s, nil
+}
