@@ -13,7 +13,7 @@ import (
 // defaults, and the power button's): the jobs profile puts them, with
 // the kernel's module indexes, in L1's /lib/modules, where hpcvmm run
 // --rootfs looks for the host's modules.
-var jobGuestModules = []string{"virtio_pci", "virtio_console", "virtio_net", "button", "evdev"}
+var jobGuestModules = []string{"virtio_pci", "virtio_console", "virtio_net", "button", "evdev", "9pnet_fd", "9p"}
 
 // jobModuleIndexes are the text indexes package kmodules reads.
 var jobModuleIndexes = []string{"modules.dep", "modules.alias", "modules.builtin", "modules.builtin.modinfo", "modules.order"}
