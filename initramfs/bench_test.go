@@ -1,6 +1,7 @@
 package initramfs
 
 import (
+	"github.com/hpcvmm/hpcvmm/internal/testenv"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -53,6 +54,7 @@ func benchRootfs(b *testing.B) string {
 }
 
 func TestMain(m *testing.M) {
+	testenv.RunChild(asUserEnv, buildAsUser)
 	code := m.Run()
 	if benchDir != "" {
 		_ = os.RemoveAll(benchDir)

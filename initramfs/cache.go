@@ -17,8 +17,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hpcvmm/hpcvmm/cachedir"
 	"github.com/hpcvmm/hpcvmm/evict"
-	"github.com/hpcvmm/hpcvmm/rootfs"
 	"github.com/hpcvmm/hpcvmm/trustfs"
 )
 
@@ -28,8 +28,11 @@ import (
 // initramfs must stay a bare archive the kernel reads):
 //
 //   - a directory owned by root or hpcvmm's user, writable by no one else
-//     (whoever writes there chooses every job's files);
-//   - "<key>.cpio", the archive, 0444, "<key>.meta", a text record of its
+//     (whoever writes there chooses every job's files), 0700 and every
+//     file in it 0400 (an archive holds every file of a user's image, its
+//     index and the hash records name them: issue 30 item 2), one per user
+//     by default (cachedir);
+//   - "<key>.cpio", the archive, "<key>.meta", a text record of its
 //     SHA-256, size and what Build reports about it, and for an archive or
 //     container IMAGE "<key>.index", the image's index (rootfs.SaveIndex:
 //     lookups on a hit read nothing of IMAGE), its SHA-256 in the record;
@@ -95,13 +98,18 @@ type Cache struct {
 	max int64
 }
 
-// OpenCache returns the cache in dir (created 0755 when missing), refusing
-// a directory that is a symlink, not owned by root or the caller, or
-// writable by group or others. maxBytes bounds its size (0:
-// DefaultCacheMax).
+// OpenCache returns the cache in dir ("": the user's own,
+// cachedir.Default), created 0700 with its missing parents, refusing a
+// directory that is a symlink, not owned by root or the caller, or
+// writable by group or others, and making one of the caller's that others
+// may read 0700 (an older hpcvmm made it 0755). maxBytes bounds its size
+// (0: DefaultCacheMax).
 func OpenCache(dir string, maxBytes int64) (*Cache, error) {
 	if dir == "" {
-		dir = DefaultCacheDir
+		var err error
+		if dir, err = cachedir.Default(cachedir.Initramfs); err != nil {
+			return nil, fmt.Errorf("initramfs: %w", err)
+		}
 	}
 	if maxBytes <= 0 {
 		maxBytes = DefaultCacheMax
@@ -111,8 +119,8 @@ func OpenCache(dir string, maxBytes int64) (*Cache, error) {
 	}
 	dir = filepath.Clean(dir)
 	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, fmt.Errorf("initramfs: create cache: %w: run as root or pass Config.CacheDir with a directory you own", err)
+		if err := os.MkdirAll(dir, trustfs.PrivateDir); err != nil {
+			return nil, fmt.Errorf("initramfs: create cache: %w: pass Config.CacheDir with a directory you own", err)
 		}
 	}
 	fi, err := os.Lstat(dir)
@@ -121,6 +129,9 @@ func OpenCache(dir string, maxBytes int64) (*Cache, error) {
 	}
 	if err := checkInfo(dir, fi, true); err != nil {
 		return nil, err
+	}
+	if err := trustfs.MakePrivateDir(dir); err != nil {
+		return nil, fmt.Errorf("initramfs: cache: %w", err)
 	}
 	return &Cache{dir: dir, max: maxBytes}, nil
 }
@@ -143,6 +154,19 @@ func checkInfo(path string, fi fs.FileInfo, dir bool) error {
 		Fix:      fix,
 		ModeRisk: ", who could choose every job's files",
 	})
+}
+
+// checkPrivate is checkInfo for an open cache file, which it then makes
+// readable by its owner alone (trustfs.Private: an older hpcvmm wrote
+// entries 0444).
+func checkPrivate(p string, f *os.File, fi fs.FileInfo) error {
+	if err := checkInfo(p, fi, false); err != nil {
+		return err
+	}
+	if _, err := trustfs.Private(f, fi); err != nil {
+		return fmt.Errorf("initramfs: cache: %w", err)
+	}
+	return nil
 }
 
 // meta is what a cache entry's record holds.
@@ -238,7 +262,7 @@ func (c *Cache) get(key string) (m *meta, index []byte, hashed bool, err error) 
 	if err != nil {
 		return nil, nil, false, fmt.Errorf("initramfs: cache: %w", err)
 	}
-	if err := checkInfo(p, fi, false); err != nil {
+	if err := checkPrivate(p, f, fi); err != nil {
 		return nil, nil, false, err
 	}
 	if fi.Size() != m.size {
@@ -284,7 +308,7 @@ func readOwned(p string, limit int64) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkInfo(p, fi, false); err != nil {
+	if err := checkPrivate(p, f, fi); err != nil {
 		return nil, err
 	}
 	if fi.Size() > limit {
@@ -296,7 +320,7 @@ func readOwned(p string, limit int64) ([]byte, error) {
 // put moves the archive tmp (a temporary file in the cache directory,
 // closed) into place for key with its record, then evicts.
 func (c *Cache) put(key, tmp string, m *meta, index []byte) error {
-	if err := os.Chmod(tmp, 0o444); err != nil {
+	if err := os.Chmod(tmp, trustfs.PrivateFile); err != nil {
 		return fmt.Errorf("initramfs: cache: %w", err)
 	}
 	_ = os.Remove(c.okPath(key))
@@ -326,9 +350,9 @@ func (c *Cache) put(key, tmp string, m *meta, index []byte) error {
 	return c.evict(key)
 }
 
-// writeFile writes content to path by temporary file and rename, 0444.
+// writeFile writes content to path by temporary file and rename, 0400.
 func (c *Cache) writeFile(path, content string) error {
-	if err := trustfs.WriteFile(path, tempPrefix+"rec-", true, []byte(content)); err != nil {
+	if err := trustfs.WriteFile(path, tempPrefix+"rec-", trustfs.PrivateFile, true, []byte(content)); err != nil {
 		return fmt.Errorf("initramfs: cache: write %s: %w", path, err)
 	}
 	return nil
@@ -489,88 +513,4 @@ func (c *Cache) evict(keep string) error {
 		return fmt.Errorf("initramfs: cache: evict: %w", err)
 	}
 	return nil
-}
-
-// Tree records: "tree-<hash of the directory's path>.sums", one line per
-// regular file of a directory IMAGE: its quoted name, identity and
-// SHA-256.
-const (
-	treePrefix   = "tree-"
-	treeExt      = ".sums"
-	maxTreeBytes = 256 << 20
-)
-
-// treeMemo remembers a directory IMAGE's file hashes (rootfs.TreeMemo).
-type treeMemo struct {
-	c       *Cache
-	root    string
-	rec     string
-	known   map[string]string // name → identity + " " + sum
-	next    strings.Builder   // the record to write
-	changed bool
-}
-
-// TreeMemo returns the memo of the directory IMAGE root's file hashes; it
-// implements rootfs.HashMemo's TreeMemo.
-func (c *Cache) TreeMemo(root string) rootfs.TreeMemo {
-	abs, _ := filepath.Abs(root)
-	t := &treeMemo{c: c, root: abs, rec: c.treeRecordPath(abs), known: map[string]string{}}
-	b, err := readOwned(t.rec, maxTreeBytes)
-	if err != nil || !bytes.HasPrefix(b, []byte(recordMagic)) {
-		return t
-	}
-	lines := strings.Split(string(b[len(recordMagic):]), "\n")
-	if len(lines) == 0 || lines[0] != abs {
-		return t
-	}
-	for _, l := range lines[1:] {
-		q, rest, ok := strings.Cut(l, "\t")
-		if !ok {
-			continue
-		}
-		if name, err := strconv.Unquote(q); err == nil {
-			t.known[name] = rest
-		}
-	}
-	return t
-}
-
-// Sum returns the file's SHA-256, from the record when the file's identity
-// is the one recorded with it.
-func (t *treeMemo) Sum(name string, fi fs.FileInfo, open func() (io.ReadCloser, error)) (sum [sha256.Size]byte, err error) {
-	id, settled := identityOf(fi)
-	if settled {
-		if rest, ok := t.known[name]; ok {
-			if rid, hx, ok := strings.Cut(rest, "\t"); ok && rid == id {
-				if b, err := hex.DecodeString(hx); err == nil && len(b) == len(sum) {
-					copy(sum[:], b)
-					fmt.Fprintf(&t.next, "%s\t%s\n", strconv.Quote(name), rest)
-					return sum, nil
-				}
-			}
-		}
-	}
-	r, err := open()
-	if err != nil {
-		return sum, err
-	}
-	defer r.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, r); err != nil {
-		return sum, err
-	}
-	h.Sum(sum[:0])
-	t.changed = true
-	if settled {
-		fmt.Fprintf(&t.next, "%s\t%s\t%x\n", strconv.Quote(name), id, sum)
-	}
-	return sum, nil
-}
-
-// Close writes the record when a file was hashed (failures ignored: the
-// next launch hashes again).
-func (t *treeMemo) Close() {
-	if t.changed {
-		_ = t.c.writeFile(t.rec, recordMagic+t.root+"\n"+t.next.String())
-	}
 }

@@ -48,8 +48,9 @@ import (
 
 // Defaults and fixed paths in the guest.
 const (
-	// DefaultCacheDir is where built archives are kept unless told
-	// otherwise.
+	// DefaultCacheDir is where root's built archives are kept unless told
+	// otherwise; every other user has a cache of their own
+	// (cachedir.Default, which OpenCache uses for "").
 	DefaultCacheDir = "/var/cache/hpcvmm/initramfs"
 	// DefaultCacheMax bounds the cache: a few large job images.
 	DefaultCacheMax = 16 << 30
@@ -78,7 +79,8 @@ type Config struct {
 	// Modaliases are the passed-through devices' modaliases
 	// (kmodules.PCIModalias).
 	Modaliases []string
-	// CacheDir is the cache directory ("": DefaultCacheDir), CacheMax its
+	// CacheDir is the cache directory ("": the user's own,
+	// cachedir.Default), CacheMax its
 	// bound in bytes (0: DefaultCacheMax).
 	CacheDir string
 	CacheMax int64

@@ -8,6 +8,12 @@
 // symbolic link; and each file is written by temporary file and rename, so
 // a concurrent reader sees the old file or the new one, never a part.
 //
+// The caches are also private (issue 30 item 2): an initramfs holds every
+// file of a user's image, 0600 ones included, and its index and hash
+// records name them all, so cache directories are 0700 (PrivateDir) and
+// their files 0400 (WriteFile's perm, Private), and one an older hpcvmm
+// left readable is tightened on its descriptor when hpcvmm owns it.
+//
 // The rules lived as copies in those three packages; they are here once so
 // that a fix to one reaches all. The wording of a refusal stays the
 // caller's (Error.Explain): each names its own flag and fix.
@@ -143,12 +149,58 @@ func OnlyWeWrite(fi fs.FileInfo) bool {
 	return (st.Uid == 0 || st.Uid == uint32(os.Geteuid())) && fi.Mode().Perm()&0o022 == 0
 }
 
-// WriteFile writes chunks to path read-only (0444) and atomically: to a
-// temporary file in path's directory named tempPrefix and a random tail,
-// synced first when sync is set (a file that must survive a crash, not
-// only a record that can be rebuilt), then renamed over path. On an error
-// the temporary file is removed; the error names the step and the file.
-func WriteFile(path, tempPrefix string, sync bool, chunks ...[]byte) (err error) {
+// PrivateFile is the mode of a cache's files: read-only, for hpcvmm's
+// user alone (root reads it all the same).
+const PrivateFile fs.FileMode = 0o400
+
+// PrivateDir is the mode of a cache directory: hpcvmm's user alone.
+const PrivateDir fs.FileMode = 0o700
+
+// Private makes the open file f, whose Stat is fi, readable by its owner
+// alone when it is hpcvmm's and group or others may read or search it
+// (fchmod on the descriptor: no path is resolved again); it returns the
+// mode the file has now. A file of another owner (root's, read by another
+// user) is left as it is.
+func Private(f *os.File, fi fs.FileInfo) (fs.FileMode, error) {
+	perm := fi.Mode().Perm()
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || perm&0o077 == 0 || st.Uid != uint32(os.Geteuid()) {
+		return perm, nil
+	}
+	if err := f.Chmod(perm &^ 0o077); err != nil {
+		return perm, fmt.Errorf("%s has mode %04o, readable by others, and chmod failed: %w", f.Name(), perm, err)
+	}
+	return perm &^ 0o077, nil
+}
+
+// MakePrivateDir creates dir and its missing parents PrivateDir (0700),
+// and makes an existing dir private (Private) when hpcvmm owns it. It
+// opens dir with O_NOFOLLOW: a symbolic link there is an error (Check's
+// rules stay the caller's to apply, for its wording).
+func MakePrivateDir(dir string) error {
+	if err := os.MkdirAll(dir, PrivateDir); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	_, err = Private(f, fi)
+	return err
+}
+
+// WriteFile writes chunks to path with mode perm (PrivateFile for a
+// cache's files) and atomically: to a temporary file in path's directory
+// named tempPrefix and a random tail (created 0600), synced first when
+// sync is set (a file that must survive a crash, not only a record that
+// can be rebuilt), then renamed over path. On an error the temporary file
+// is removed; the error names the step and the file.
+func WriteFile(path, tempPrefix string, perm fs.FileMode, sync bool, chunks ...[]byte) (err error) {
 	f, err := os.CreateTemp(filepath.Dir(path), tempPrefix+"*")
 	if err != nil {
 		return err
@@ -165,7 +217,7 @@ func WriteFile(path, tempPrefix string, sync bool, chunks ...[]byte) (err error)
 			return fmt.Errorf("write %s: %w", tmp, err)
 		}
 	}
-	if err = f.Chmod(0o444); err != nil {
+	if err = f.Chmod(perm); err != nil {
 		return err
 	}
 	if sync {

@@ -117,13 +117,13 @@ func TestWriteFile(t *testing.T) {
 	path := filepath.Join(dir, "entry")
 	require.NoError(t, os.WriteFile(path, []byte("old"), 0o644))
 	for _, sync := range []bool{false, true} {
-		require.NoError(t, WriteFile(path, ".tmp-", sync, []byte("head\n"), []byte("body")))
+		require.NoError(t, WriteFile(path, ".tmp-", PrivateFile, sync, []byte("head\n"), []byte("body")))
 		b, err := os.ReadFile(path)
 		require.NoError(t, err)
 		assert.Equal(t, "head\nbody", string(b))
 		fi, err := os.Lstat(path)
 		require.NoError(t, err)
-		assert.Equal(t, fs.FileMode(0o444), fi.Mode())
+		assert.Equal(t, PrivateFile, fi.Mode())
 		assert.Nil(t, Check(path, fi, false), "a file WriteFile wrote is one Check trusts")
 	}
 
@@ -132,7 +132,7 @@ func TestWriteFile(t *testing.T) {
 	sub := filepath.Join(dir, "sub")
 	require.NoError(t, os.Mkdir(sub, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(sub, "keep"), nil, 0o644))
-	err := WriteFile(sub, ".tmp-", true, []byte("x"))
+	err := WriteFile(sub, ".tmp-", PrivateFile, true, []byte("x"))
 	require.Error(t, err)
 	names, err := os.ReadDir(dir)
 	require.NoError(t, err)
@@ -141,6 +141,57 @@ func TestWriteFile(t *testing.T) {
 	}
 
 	// A directory that is not there: the create step's error.
-	err = WriteFile(filepath.Join(dir, "missing", "f"), ".tmp-", false)
+	err = WriteFile(filepath.Join(dir, "missing", "f"), ".tmp-", PrivateFile, false)
 	assert.ErrorIs(t, err, fs.ErrNotExist)
+}
+
+// TestMakePrivateDir: a new directory and its parents are 0700; an
+// existing one of ours that others may read is made 0700 through its
+// descriptor; a symbolic link is refused, not followed.
+func TestMakePrivateDir(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "a", "b")
+	require.NoError(t, MakePrivateDir(dir))
+	for _, p := range []string{dir, filepath.Dir(dir)} {
+		fi, err := os.Lstat(p)
+		require.NoError(t, err)
+		assert.Equal(t, fs.ModeDir|PrivateDir, fi.Mode(), p)
+	}
+	require.NoError(t, os.Chmod(dir, 0o755))
+	require.NoError(t, MakePrivateDir(dir))
+	fi, err := os.Lstat(dir)
+	require.NoError(t, err)
+	assert.Equal(t, fs.ModeDir|PrivateDir, fi.Mode(), "an open directory of ours is closed")
+
+	outside := filepath.Join(base, "outside")
+	require.NoError(t, os.Mkdir(outside, 0o755))
+	require.NoError(t, os.Chmod(outside, 0o755))
+	link := filepath.Join(base, "link")
+	require.NoError(t, os.Symlink(outside, link))
+	require.Error(t, MakePrivateDir(link))
+	fi, err = os.Lstat(outside)
+	require.NoError(t, err)
+	assert.Equal(t, fs.ModeDir|0o755, fi.Mode(), "a symlink's target is never changed")
+}
+
+// TestPrivate: a file of ours others may read becomes owner-only; one
+// already private is left alone.
+func TestPrivate(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "f")
+	require.NoError(t, os.WriteFile(p, []byte("x"), 0o644))
+	require.NoError(t, os.Chmod(p, 0o444))
+	f, err := os.Open(p)
+	require.NoError(t, err)
+	defer f.Close()
+	fi, err := f.Stat()
+	require.NoError(t, err)
+	perm, err := Private(f, fi)
+	require.NoError(t, err)
+	assert.Equal(t, fs.FileMode(0o400), perm)
+	fi, err = os.Lstat(p)
+	require.NoError(t, err)
+	assert.Equal(t, fs.FileMode(0o400), fi.Mode())
+	perm, err = Private(f, fi)
+	require.NoError(t, err)
+	assert.Equal(t, fs.FileMode(0o400), perm)
 }

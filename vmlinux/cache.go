@@ -15,12 +15,14 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hpcvmm/hpcvmm/cachedir"
 	"github.com/hpcvmm/hpcvmm/evict"
 	"github.com/hpcvmm/hpcvmm/trustfs"
 )
 
-// DefaultCacheDir is where hpcvmm keeps decompressed kernels unless told
-// otherwise (--kernel-cache).
+// DefaultCacheDir is where hpcvmm run as root keeps decompressed kernels
+// unless told otherwise (--kernel-cache); every other user has a cache of
+// their own (cachedir.Default, which OpenCache uses for "").
 const DefaultCacheDir = "/var/cache/hpcvmm/kernels"
 
 // DefaultCacheMax bounds the cache's size: about a dozen distribution
@@ -70,15 +72,19 @@ type Cache struct {
 	max int64
 }
 
-// OpenCache returns the cache in dir, creating the directory (0755, owned
-// by the caller) when it is missing. It refuses a directory that another
+// OpenCache returns the cache in dir ("": the user's own,
+// cachedir.Default), creating the directory and its missing parents (0700,
+// owned by the caller) when it is missing. It refuses a directory that another
 // user could write to, or that is owned by someone other than root or the
 // caller, because whoever can write there chooses the kernel every VM on
 // the node boots. maxBytes bounds the cache's total size (0:
 // DefaultCacheMax).
 func OpenCache(dir string, maxBytes int64) (*Cache, error) {
 	if dir == "" {
-		dir = DefaultCacheDir
+		var err error
+		if dir, err = cachedir.Default(cachedir.Kernels); err != nil {
+			return nil, fmt.Errorf("vmlinux: kernel cache: %w", err)
+		}
 	}
 	if maxBytes <= 0 {
 		maxBytes = DefaultCacheMax
@@ -88,8 +94,8 @@ func OpenCache(dir string, maxBytes int64) (*Cache, error) {
 	}
 	dir = filepath.Clean(dir)
 	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, fmt.Errorf("vmlinux: create kernel cache: %w: run as root, pass --kernel-cache with a directory you own, or --kernel-decompress=guest", err)
+		if err := os.MkdirAll(dir, trustfs.PrivateDir); err != nil {
+			return nil, fmt.Errorf("vmlinux: create kernel cache: %w: pass --kernel-cache with a directory you own, or --kernel-decompress=guest", err)
 		}
 	}
 	if err := checkOwned(dir, true); err != nil {
@@ -258,15 +264,16 @@ func parseEntry(buf []byte) (body []byte, sum string, err error) {
 }
 
 // Put stores vmlinux for key: written to a temporary file in the cache
-// directory, synced, made read-only (0444) and renamed over the entry, so
-// concurrent readers see the old file or the new one, never a part. It
+// directory, synced, made read-only for its owner (0400) and renamed over
+// the entry, so concurrent readers see the old file or the new one, never
+// a part. It
 // then evicts the least recently used entries beyond the size bound.
 func (c *Cache) Put(key Key, vmlinux []byte) error {
 	sum := sha256.Sum256(vmlinux)
 	header := fmt.Sprintf("%ssha256 %x\nsize %d\n\n", cacheMagic, sum, len(vmlinux))
 	// The new file has a new identity; an old entry's record goes with it.
 	_ = os.Remove(verifiedPath(c.Path(key)))
-	if err := trustfs.WriteFile(c.Path(key), tempPrefix+key.String()[:16]+"-", true, []byte(header), vmlinux); err != nil {
+	if err := trustfs.WriteFile(c.Path(key), tempPrefix+key.String()[:16]+"-", trustfs.PrivateFile, true, []byte(header), vmlinux); err != nil {
 		return fmt.Errorf("vmlinux: kernel cache: %w", err)
 	}
 	return c.evict(c.Path(key))

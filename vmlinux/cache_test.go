@@ -29,7 +29,7 @@ func TestCacheRoundTrip(t *testing.T) {
 	c := openTestCache(t, 0)
 	fi, err := os.Stat(c.Dir())
 	require.NoError(t, err)
-	assert.Equal(t, os.ModeDir|0o755, fi.Mode(), "created with 0755")
+	assert.Equal(t, os.ModeDir|0o700, fi.Mode(), "created with 0700")
 
 	key := KeyOf([]byte("a bzImage"))
 	_, err = c.Get(key)
@@ -46,7 +46,7 @@ func TestCacheRoundTrip(t *testing.T) {
 
 	fi, err = os.Stat(c.Path(key))
 	require.NoError(t, err)
-	assert.Equal(t, os.FileMode(0o444), fi.Mode())
+	assert.Equal(t, os.FileMode(0o400), fi.Mode())
 	assert.Equal(t, uint32(os.Geteuid()), fi.Sys().(*syscall.Stat_t).Uid)
 	raw, err := os.ReadFile(c.Path(key))
 	require.NoError(t, err)

@@ -95,7 +95,7 @@ func readRecord(path string) []string {
 // read-only. Failures are ignored: a cache hpcvmm cannot write still
 // serves, at the price of hashing at every launch.
 func (c *Cache) writeRecord(path string, lines ...string) {
-	_ = trustfs.WriteFile(path, tempPrefix+"record-", false, []byte(recordMagic+strings.Join(lines, "\n")+"\n"))
+	_ = trustfs.WriteFile(path, tempPrefix+"record-", trustfs.PrivateFile, false, []byte(recordMagic+strings.Join(lines, "\n")+"\n"))
 }
 
 // verifiedPath is the record of entry path's last content hash.

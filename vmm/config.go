@@ -45,9 +45,9 @@ type Config struct {
 	// DecompressHost (the default when empty: once, cached, no in-guest
 	// KASLR) or DecompressGuest (the bzImage's own decompressor).
 	KernelDecompress KernelDecompress
-	// KernelCache is the directory of decompressed kernels
-	// (vmlinux.DefaultCacheDir when empty); it must not be writable by
-	// group or others.
+	// KernelCache is the directory of decompressed kernels (the user's
+	// own when empty: cachedir.Default, vmlinux.DefaultCacheDir for root);
+	// it must not be writable by group or others.
 	KernelCache string
 	// KernelCacheMax bounds the kernel cache's size in bytes
 	// (vmlinux.DefaultCacheMax when zero); the least recently used
