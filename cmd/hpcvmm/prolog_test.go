@@ -88,8 +88,11 @@ func TestPrologJobWithoutNIC(t *testing.T) {
 
 	dev := charDevs(t, 12, 40)
 	j := hoststate.Open(hoststate.Options{StateDir: t.TempDir(), SysfsRoot: n.tree.Sys(), DevRoot: dev,
-		Getenv:    func(k string) string { return n.vars[k] },
-		WriteFile: func(p string, _ []byte) error { t.Errorf("a sysfs write %s: the GPU is on vfio-pci already", p); return nil }})
+		Getenv: func(k string) string { return n.vars[k] },
+		WriteFile: func(p string, _ []byte) error {
+			t.Errorf("a sysfs write %s: the GPU is on vfio-pci already", p)
+			return nil
+		}})
 	var out bytes.Buffer
 	require.NoError(t, applyBind(pl, j, dev, &out))
 	assert.Contains(t, out.String(), "/vfio/12 handed to nobody (uid 65534)")
