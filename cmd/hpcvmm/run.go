@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 
+	"github.com/hpcvmm/hpcvmm/asuser"
 	"github.com/hpcvmm/hpcvmm/guestnet"
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/slurm"
@@ -256,6 +257,16 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if err := applySlurm(&f.cfg, c.fs, env, slurm.AllowedCPUs, log); err != nil {
 		fmt.Fprintln(stderr, "hpcvmm run:", err)
 		return 2
+	}
+	// Under Slurm as root (or setuid), every file the user named is opened
+	// with that user's rights (issue 30).
+	acting, err := asuser.Acting(os.Getenv)
+	if err != nil {
+		fmt.Fprintln(stderr, "hpcvmm run:", err)
+		return 2
+	}
+	if f.cfg.ActingFor = acting; acting != nil {
+		log.Debug("opening the files named on the command line as the job's user", "user", acting.String())
 	}
 	if argv != nil {
 		return runJob(c, f, &f.job, argv, stdin, stdout, stderr)
