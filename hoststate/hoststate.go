@@ -3,7 +3,8 @@
 // Passthrough needs host changes that must not outlive the VM: a device
 // rebound from its driver to vfio-pci, an InfiniBand VF's node/port GUIDs
 // and link state set on its PF (and later TAP devices and hugepage
-// reservations). Each change is written to a journal file
+// reservations), and what a Prolog grants a job's user: the job's VFIO
+// group files and persistent TAPs owned by the user. Each change is written to a journal file
 // (<StateDir>/<pid>-<random>.json, /run/hpcvmm by default; the name is
 // claimed exclusively, so a later process with the same PID never
 // overwrites a crashed one's journal) and synced BEFORE the change is made,
@@ -80,6 +81,11 @@ type Change struct {
 	OriginalOverride string `json:"original_override,omitempty"`
 	// IBVF is what a KindIBVF change set and the values before it.
 	IBVF *IBVFChange `json:"ib_vf,omitempty"`
+	// VFIOOwner is the group file a KindVFIOOwner change handed to a
+	// user, and its owner and mode before.
+	VFIOOwner *VFIOOwnerChange `json:"vfio_owner,omitempty"`
+	// TAP is the TAP a KindTAP change created.
+	TAP *TAPChange `json:"tap,omitempty"`
 }
 
 // IBVFChange records an InfiniBand VF identity change (BDF is the VF). The
@@ -111,6 +117,18 @@ func (c Change) String() string {
 		if v := c.IBVF; v != nil {
 			return fmt.Sprintf("InfiniBand VF %s (%s VF %d): node GUID %s, port GUID %s, link %s", c.BDF, v.Netdev, v.VFIndex, v.NodeGUID, v.PortGUID, v.Link)
 		}
+	case KindVFIOOwner:
+		if v := c.VFIOOwner; v != nil {
+			return fmt.Sprintf("VFIO group %d handed to uid %d (was uid %d gid %d mode %#o)", v.Group, v.UID, v.OriginalUID, v.OriginalGID, v.OriginalMode)
+		}
+	case KindTAP:
+		if v := c.TAP; v != nil {
+			on := ""
+			if v.Bridge != "" {
+				on = " on bridge " + v.Bridge
+			}
+			return fmt.Sprintf("TAP %s%s for uid %d gid %d", v.Name, on, v.UID, v.GID)
+		}
 	}
 	return c.Kind
 }
@@ -127,6 +145,9 @@ type Options struct {
 	// WriteFile performs one sysfs attribute write; nil means an
 	// O_WRONLY write of the existing file. Tests simulate the kernel here.
 	WriteFile func(path string, data []byte) error
+	// DevRoot is the device directory holding vfio/<group>; "" means
+	// /dev.
+	DevRoot string
 	// PID is this process's ID in the journal name; 0 means os.Getpid().
 	PID int
 	// Netlink sets InfiniBand VF identities; nil means the kernel's
@@ -149,6 +170,9 @@ func (o *Options) fill() {
 	}
 	if o.ProcRoot == "" {
 		o.ProcRoot = "/proc"
+	}
+	if o.DevRoot == "" {
+		o.DevRoot = "/dev"
 	}
 	if o.WriteFile == nil {
 		o.WriteFile = writeAttr

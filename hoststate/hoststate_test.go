@@ -264,11 +264,11 @@ func TestRestoreKeepsWhatItCannotUndo(t *testing.T) {
 	k.addDevice("0000:00:05.1", "nvme", "nvme")
 	j := Open(k.opts(t, t.TempDir(), 7))
 	require.NoError(t, j.Bind(mustBDF(t, "0000:00:05.1")))
-	j.f.Changes = append(j.f.Changes, Change{Kind: "tap", BDF: ""})
+	j.f.Changes = append(j.f.Changes, Change{Kind: "hugepages", BDF: ""})
 	err := j.Restore()
-	assert.ErrorContains(t, err, `unknown kind "tap"`)
+	assert.ErrorContains(t, err, `unknown kind "hugepages"`)
 	assert.Equal(t, "nvme", k.driver("0000:00:05.1"))
-	assert.Equal(t, []Change{{Kind: "tap"}}, j.Changes())
+	assert.Equal(t, []Change{{Kind: "hugepages"}}, j.Changes())
 	assert.FileExists(t, j.Path())
 }
 

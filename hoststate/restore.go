@@ -26,10 +26,15 @@ func (j *Journal) undo(c Change) error {
 
 func undoChange(o Options, c Change) error {
 	if err := c.validate(); err != nil {
-		return fmt.Errorf("hoststate: restore %q: %w; nothing done", c.BDF, err)
+		return fmt.Errorf("hoststate: restore %s %q: %w; nothing done", c.Kind, c.BDF, err)
 	}
-	if c.Kind == KindIBVF {
+	switch c.Kind {
+	case KindIBVF:
 		return undoIBVF(o, c)
+	case KindVFIOOwner:
+		return undoVFIOOwner(o, c)
+	case KindTAP:
+		return undoTAP(c)
 	}
 	if c.Kind != KindPCIBind {
 		return fmt.Errorf("hoststate: cannot undo change of unknown kind %q (journal from a newer hpcvmm?)", c.Kind)

@@ -62,7 +62,19 @@ func validBDF(s string) bool {
 // validate checks what a change read from a journal will turn into sysfs
 // path parts, written values and netlink targets.
 func (c Change) validate() error {
-	if c.Kind != KindPCIBind && c.Kind != KindIBVF {
+	switch c.Kind {
+	case KindVFIOOwner:
+		if v := c.VFIOOwner; v != nil && (v.Group < 0 || v.Group > maxVFIOGroup || v.OriginalMode > 0o7777) {
+			return fmt.Errorf("vfio_owner group %d mode %#o is not a VFIO group file's", v.Group, v.OriginalMode)
+		}
+		return nil // a missing entry: undoVFIOOwner says what to do
+	case KindTAP:
+		if v := c.TAP; v != nil && (!validNetdev(v.Name) || v.Bridge != "" && !validNetdev(v.Bridge)) {
+			return fmt.Errorf("tap %q (bridge %q) is not a network interface name", v.Name, v.Bridge)
+		}
+		return nil
+	case KindPCIBind, KindIBVF:
+	default:
 		return nil // undoChange refuses it, naming the kind
 	}
 	if !validBDF(c.BDF) {

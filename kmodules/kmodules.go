@@ -133,10 +133,37 @@ func nameOf(p string) string {
 	return Normalize(strings.TrimSuffix(b, ".ko"))
 }
 
+// MaxRelease bounds a kernel release: the kernel's own utsname release
+// field holds 64 bytes (__NEW_UTS_LEN).
+const MaxRelease = 64
+
+// ValidateRelease checks a kernel release taken from a kernel image (its
+// version string, which whoever built the image chose) before it names a
+// directory under /lib/modules: one path element (no '/', not "." or
+// ".."), printable ASCII without spaces, at most MaxRelease bytes. A
+// release "../../home/u/mods" would otherwise make hpcvmm read modules,
+// as root, from wherever the image's author wanted.
+func ValidateRelease(r string) error {
+	switch {
+	case r == "":
+		return errors.New("the kernel image carries no release in its version string: pass a distribution kernel")
+	case len(r) > MaxRelease:
+		return fmt.Errorf("kernel release %.80q... is %d bytes, longer than any kernel's (%d): not a release name; pass a distribution kernel", r, len(r), MaxRelease)
+	case r == "." || r == "..":
+		return fmt.Errorf("kernel release %q is not a release name: pass a distribution kernel", r)
+	}
+	for i := 0; i < len(r); i++ {
+		if c := r[i]; c == '/' || c <= ' ' || c >= 0x7f {
+			return fmt.Errorf("kernel release %q holds %q, which no release has (it must be one directory name under /lib/modules): pass a distribution kernel", r, string(c))
+		}
+	}
+	return nil
+}
+
 // Resolve picks the modules cfg asks for and reads them.
 func Resolve(cfg Config) (*Set, error) {
-	if cfg.Release == "" || strings.Contains(cfg.Release, "/") || cfg.Release == "." || cfg.Release == ".." {
-		return nil, fmt.Errorf("kmodules: kernel release %q is not a release name: the kernel image carries no usable version string; pass a distribution kernel", cfg.Release)
+	if err := ValidateRelease(cfg.Release); err != nil {
+		return nil, fmt.Errorf("kmodules: %w", err)
 	}
 	hostDir := cfg.HostDir
 	if hostDir == "" {
@@ -486,6 +513,9 @@ func PCIModalias(sysfs, bdf string) (string, error) {
 func HostState(hostDir, release string) string {
 	if hostDir == "" {
 		hostDir = DefaultHostDir
+	}
+	if ValidateRelease(release) != nil {
+		return "none" // Resolve refuses it
 	}
 	fi, err := os.Stat(filepath.Join(hostDir, release, "modules.dep"))
 	if err != nil {

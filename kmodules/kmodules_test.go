@@ -69,7 +69,25 @@ func TestResolveBuiltinAndMissing(t *testing.T) {
 	require.Equal(t, []string{nvmeAlias}, set.Unmatched)
 
 	_, err = Resolve(Config{Release: "../etc", HostDir: fixture(t)})
-	require.ErrorContains(t, err, "not a release name")
+	require.ErrorContains(t, err, "which no release has")
+}
+
+// TestValidateRelease: a release is one plain directory name under
+// /lib/modules; HostState never looks outside it either.
+func TestValidateRelease(t *testing.T) {
+	for _, ok := range []string{fixtureRelease, "6.1.0-18-amd64", "5.14.0-362.8.1.el9_3.x86_64", "6.8.0+"} {
+		require.NoError(t, ValidateRelease(ok), ok)
+	}
+	for _, bad := range []string{"", ".", "..", "../../tmp", "a/b", "6.1\x1b]52;c;", "6.1\n", "6.1 x", strings.Repeat("9", MaxRelease+1)} {
+		require.Error(t, ValidateRelease(bad), "%q", bad)
+	}
+	// A directory outside hostDir that has a modules.dep is not read.
+	outside := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(outside, "modules.dep"), nil, 0o644))
+	host := t.TempDir()
+	rel, err := filepath.Rel(host, outside)
+	require.NoError(t, err)
+	require.Equal(t, "none", HostState(host, rel))
 }
 
 func TestResolveFromImageFirst(t *testing.T) {

@@ -38,6 +38,7 @@ import (
 	"sync"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"golang.org/x/sys/unix"
 )
 
 // Format is the kind of IMAGE.
@@ -98,10 +99,25 @@ type Image struct {
 // to do; nothing is read beyond what detection needs (a tar archive's
 // entry headers, a layout's index and manifest).
 func Open(image string) (*Image, error) {
-	fi, err := os.Stat(image)
+	return OpenAs(image, func(p string) (*os.File, error) { return os.OpenFile(p, os.O_RDONLY|unix.O_NONBLOCK, 0) })
+}
+
+// OpenAs is Open whose first access to IMAGE is an open through open: hpcvmm
+// passes one that opens with the rights of the user it acts for (package
+// asuser), so IMAGE that user cannot open is refused here, before anything
+// is read. open must not block on a FIFO (O_NONBLOCK). The later reads
+// (the archive's entries, a directory's walk) still open by path with
+// hpcvmm's own rights.
+func OpenAs(image string, open func(string) (*os.File, error)) (*Image, error) {
+	f, err := open(image)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("rootfs: image %s does not exist: pass a directory, a tar archive, an OCI image layout or a docker save archive", image)
 	}
+	if err != nil {
+		return nil, fmt.Errorf("rootfs: image %s: %w", image, err)
+	}
+	fi, err := f.Stat()
+	f.Close()
 	if err != nil {
 		return nil, fmt.Errorf("rootfs: image %s: %w", image, err)
 	}

@@ -37,13 +37,16 @@ func TestJobGRESIndicesHostileJobName(t *testing.T) {
 	}
 	_, err = JobGRESIndices(out, "3", "n2", "nic")
 	assert.EqualError(t, err, "node n2 has no nic in this job (GRES=gpu:1(IDX:0))")
+	assert.ErrorIs(t, err, ErrNoGRES)
 	idx, err := JobGRESIndices(out, "3", "n2", "gpu")
 	require.NoError(t, err)
 	assert.Equal(t, []int{0}, idx)
 	_, err = JobGRESIndices(out, "3", "n1", "gpu")
 	assert.ErrorContains(t, err, "job 3 does not run on node n1")
+	assert.NotErrorIs(t, err, ErrNoGRES, "a node the job does not run on is not a job without the GRES")
 	_, err = JobGRESIndices(out, "1", "n1", "nic")
 	assert.EqualError(t, err, "node n1 has no nic in this job (the job holds no GRES)")
+	assert.ErrorIs(t, err, ErrNoGRES)
 	_, err = JobGRESIndices(out, "9", "n1", "nic")
 	assert.ErrorContains(t, err, "job 9 is not in squeue's list")
 }

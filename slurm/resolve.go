@@ -123,6 +123,23 @@ func variables(name string) (step, job string, devNum bool, prefix string, err e
 	return "", "", false, "", fmt.Errorf("slurm: GRES %q: hpcvmm resolves gpu and nic (the GRES Slurm 22.05 constrains with a plugin)", name)
 }
 
+// ErrNoGRES is what Resolve's error wraps (errors.Is) when Slurm gave the
+// job none of the GRES asked for on this node: no variable names any, or
+// squeue's gres_detail holds none for this node. A Prolog that binds "the
+// job's devices if it has any" (hpcvmm bind --if-any) treats it as nothing
+// to do; every other error (a gres.conf that does not match, a group not on
+// this host) stays an error.
+var ErrNoGRES = errors.New("slurm: the job holds none of this GRES on this node")
+
+// noGRES is an error that says which GRES is missing and why, and is
+// ErrNoGRES for errors.Is.
+type noGRES struct{ msg string }
+
+func (e noGRES) Error() string        { return e.msg }
+func (e noGRES) Is(target error) bool { return target == ErrNoGRES }
+
+func noGRESf(format string, a ...any) error { return noGRES{fmt.Sprintf(format, a...)} }
+
 // Resolve finds the devices Slurm gave this step (or job) of GRES name,
 // their VFIO groups and the PCI functions in those groups, and checks that
 // the job may open each group. Nothing on the host changes.
@@ -159,7 +176,7 @@ func (e *Env) Resolve(name string) (*Selection, error) {
 		}
 		byIndex = true
 	} else {
-		return nil, fmt.Errorf("slurm: Slurm gave this job no %s: neither %s nor %s is set; request them with --gres=%s:N (and check gres.conf declares Name=%s on this node)", name, stepVar, jobVar, name, name)
+		return nil, noGRESf("slurm: Slurm gave this job no %s: neither %s nor %s is set; request them with --gres=%s:N (and check gres.conf declares Name=%s on this node)", name, stepVar, jobVar, name, name)
 	}
 	conf, err := e.gresConf()
 	if err != nil {
@@ -217,7 +234,7 @@ func (e *Env) Resolve(name string) (*Selection, error) {
 		sel.Groups = append(sel.Groups, g)
 	}
 	if len(sel.Devices) == 0 {
-		return nil, fmt.Errorf("slurm: %s names no device: request them with --gres=%s:N", sel.Source, name)
+		return nil, noGRESf("slurm: %s names no device: request them with --gres=%s:N", sel.Source, name)
 	}
 	return sel, nil
 }
@@ -491,7 +508,7 @@ func JobGRESIndices(out []byte, job, node, name string) ([]int, error) {
 		return nil, fmt.Errorf("job %d does not run on node %s (its nodes: %q): is SLURMD_NODENAME right?", id, node, j.Nodes)
 	}
 	if len(j.GresDetail) == 0 {
-		return nil, fmt.Errorf("node %s has no %s in this job (the job holds no GRES)", node, name)
+		return nil, noGRESf("node %s has no %s in this job (the job holds no GRES)", node, name)
 	}
 	if len(j.GresDetail) != len(nodes) {
 		return nil, fmt.Errorf("job %d: %d gres_detail entries for %d nodes (%s)", id, len(j.GresDetail), len(nodes), j.Nodes)
@@ -514,7 +531,7 @@ func JobGRESIndices(out []byte, job, node, name string) ([]int, error) {
 		idx = append(idx, n...)
 	}
 	if len(idx) == 0 {
-		return nil, fmt.Errorf("node %s has no %s in this job (GRES=%s)", node, name, gres)
+		return nil, noGRESf("node %s has no %s in this job (GRES=%s)", node, name, gres)
 	}
 	return idx, nil
 }

@@ -134,6 +134,9 @@ func TestResolveErrors(t *testing.T) {
 			for _, w := range tc.want {
 				assert.Contains(t, err.Error(), w)
 			}
+			// Only a job that holds none of the GRES is ErrNoGRES (what
+			// hpcvmm bind --if-any skips); a mismatch stays an error.
+			assert.Equal(t, tc.name == "no gpus given", errors.Is(err, ErrNoGRES), "errors.Is(ErrNoGRES)")
 		})
 	}
 }

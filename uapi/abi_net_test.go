@@ -31,6 +31,10 @@ func netABIItems() []abiItem {
 		val("IFNAMSIZ", uint64(len(r.Name))),
 
 		val("TUNSETIFF", uint64(tunSetIFF)),
+		val("TUNSETPERSIST", uint64(tunSetPersist)),
+		val("TUNSETOWNER", uint64(tunSetOwner)),
+		val("TUNSETGROUP", uint64(tunSetGroup)),
+		val("IFF_PERSIST", IFFPersist),
 		val("TUNSETOFFLOAD", uint64(tunSetOffload)),
 		val("TUNGETIFF", uint64(tunGetIFF)),
 		val("TUNSETVNETHDRSZ", uint64(tunSetVnetHdrSz)),

@@ -81,6 +81,9 @@ var ioctlNames = map[string]uintptr{
 	"VHOST_NET_SET_BACKEND": vhostNetSetBackend,
 
 	"TUNSETIFF":       tunSetIFF,
+	"TUNSETPERSIST":   tunSetPersist,
+	"TUNSETOWNER":     tunSetOwner,
+	"TUNSETGROUP":     tunSetGroup,
 	"TUNSETOFFLOAD":   tunSetOffload,
 	"TUNGETIFF":       tunGetIFF,
 	"TUNSETVNETHDRSZ": tunSetVnetHdrSz,

@@ -18,6 +18,9 @@ const (
 	iorTUN uintptr = iocRead<<iocDirShift | tunType<<iocTypeShift
 
 	tunSetIFF       = iowTUN | 4<<iocSizeShift | 202
+	tunSetPersist   = iowTUN | 4<<iocSizeShift | 203
+	tunSetOwner     = iowTUN | 4<<iocSizeShift | 204
+	tunSetGroup     = iowTUN | 4<<iocSizeShift | 206
 	tunSetOffload   = iowTUN | 4<<iocSizeShift | 208
 	tunGetIFF       = iorTUN | 4<<iocSizeShift | 210
 	tunSetVnetHdrSz = iowTUN | 4<<iocSizeShift | 216
@@ -32,6 +35,9 @@ const (
 	IFFMultiQueue  = 0x0100
 	IFFAttachQueue = 0x0200
 	IFFDetachQueue = 0x0400
+	// IFFPersist is set in TUNGETIFF's flags for a persistent interface
+	// (TUNSETPERSIST): it outlives its last queue.
+	IFFPersist = 0x0800
 )
 
 // TUNSETOFFLOAD flags: the offloads the reader of the TAP (the guest)
@@ -100,6 +106,42 @@ func OpenTAPQueue(name string, flags uint16) (*TAPQueue, error) {
 		return nil, fmt.Errorf("tun: TUNSETIFF (name %q, flags %#x): %w", name, flags, err)
 	}
 	return &TAPQueue{fd: fd}, nil
+}
+
+// ErrTAPExists is returned by CreatePersistentTAP when the name is a
+// persistent TAP already: it was not made now, and nothing was changed.
+var ErrTAPExists = errors.New("tun: a persistent TAP of that name exists already")
+
+// CreatePersistentTAP creates TAP interface name (IFFTap|IFFNoPI|IFFVnetHdr
+// plus extra, e.g. IFFMultiQueue) that outlives this call (TUNSETPERSIST),
+// owned by uid and gid (TUNSETOWNER, TUNSETGROUP), so that a process of
+// that user attaches to it with TUNSETIFF without CAP_NET_ADMIN. Creating
+// needs CAP_NET_ADMIN. A TUNSETIFF on a name that is a persistent TAP
+// already attaches to it instead of creating: the flags TUNGETIFF returns
+// then carry IFFPersist, and ErrTAPExists is returned with the interface
+// untouched (it is detached again by the close). The interface is left
+// down, on no bridge.
+func CreatePersistentTAP(name string, extra uint16, uid, gid uint32) error {
+	q, err := OpenTAPQueue(name, IFFTap|IFFNoPI|IFFVnetHdr|extra)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	if _, flags, err := q.Interface(); err != nil {
+		return err
+	} else if flags&IFFPersist != 0 {
+		return fmt.Errorf("%w: %s", ErrTAPExists, name)
+	}
+	for _, c := range []struct {
+		req  uintptr
+		name string
+		arg  uintptr
+	}{{tunSetOwner, "TUNSETOWNER", uintptr(uid)}, {tunSetGroup, "TUNSETGROUP", uintptr(gid)}, {tunSetPersist, "TUNSETPERSIST", 1}} {
+		if _, err := ioctl(q.fd, c.req, c.arg); err != nil {
+			return fmt.Errorf("tun: %s (%s, %d): %w", c.name, name, c.arg, err)
+		}
+	}
+	return nil
 }
 
 // NewTAPQueueFD wraps an already-attached TUN/TAP file descriptor (e.g.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/hpcvmm/hpcvmm/asuser"
 	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/virtio/console"
 	"github.com/hpcvmm/hpcvmm/vmm/preflight"
@@ -55,6 +56,13 @@ type Config struct {
 	KernelCacheMax int64
 	// Initrd is the path of an initramfs; empty for none.
 	Initrd string
+	// ActingFor is the user hpcvmm acts for when it has more rights
+	// (asuser.Acting: root in a Slurm step for SLURM_JOB_UID, setuid);
+	// nil when it acts for itself. Kernel and Initrd are opened, and
+	// NCCLTopoFile created, with that user's rights, so a step that runs
+	// as root for a user never boots a file the user cannot read nor
+	// replaces one the user cannot write (issue 30).
+	ActingFor *asuser.User
 	// Cmdline is the kernel command line.
 	Cmdline string
 	// CPUs is the number of vCPUs: 1 to VCPULimit (KVM's
@@ -191,7 +199,7 @@ func (c *Config) Validate() error {
 	var errs []error
 	if c.Kernel == "" {
 		errs = append(errs, fieldErr("Kernel", "no kernel given: give a bzImage such as /boot/vmlinuz-$(uname -r), or a vmlinux"))
-	} else if err := checkReadableFile(c.Kernel); err != nil {
+	} else if err := checkReadableFile(c.openFile, c.Kernel); err != nil {
 		errs = append(errs, fieldErr("Kernel", "%v", err))
 	}
 	switch c.KernelDecompress {
@@ -203,7 +211,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fieldErr("KernelCacheMax", "%d bytes: want a positive size", c.KernelCacheMax))
 	}
 	if c.Initrd != "" {
-		if err := checkReadableFile(c.Initrd); err != nil {
+		if err := checkReadableFile(c.openFile, c.Initrd); err != nil {
 			errs = append(errs, fieldErr("Initrd", "%v", err))
 		}
 	}
@@ -274,20 +282,27 @@ func (c *Config) pageSize() guestmem.PageSize {
 	return c.HugePages
 }
 
-func checkReadableFile(path string) error {
-	fi, err := os.Stat(path)
+func checkReadableFile(open func(string) (*os.File, error), path string) error {
+	f, err := open(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("%s does not exist", path)
 		}
 		return err
 	}
-	if fi.IsDir() {
-		return fmt.Errorf("%s is a directory, not a file", path)
-	}
-	f, err := os.Open(path)
+	defer f.Close()
+	fi, err := f.Stat()
 	if err != nil {
 		return err
 	}
-	return f.Close()
+	if fi.IsDir() {
+		return fmt.Errorf("%s is a directory, not a file", path)
+	}
+	return nil
+}
+
+// openFile opens a file the user named for reading, with the rights of
+// the user hpcvmm acts for.
+func (c *Config) openFile(path string) (*os.File, error) {
+	return asuser.Open(c.ActingFor, path)
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/hpcvmm/hpcvmm/vmlinux"
 )
 
-// mapFile returns the contents of the file at path and the func that
+// mapFile returns the contents of the file at path, opened with open, and the func that
 // releases them. A regular file is mapped read-only rather than read into
 // the Go heap: the kernel and initrd are copied into guest RAM once and
 // never read again, and read into the heap they would stay resident in the
@@ -19,9 +19,9 @@ import (
 // goal with them) for the whole life of the VM; unmapped after loading,
 // their page-cache pages stop counting against the VMM at once. Anything
 // else (a pipe from process substitution) is read.
-func mapFile(path string) (data []byte, release func(), err error) {
+func mapFile(open func(string) (*os.File, error), path string) (data []byte, release func(), err error) {
 	nothing := func() {}
-	f, err := os.Open(path)
+	f, err := open(path)
 	if err != nil {
 		return nil, nothing, err
 	}
@@ -31,7 +31,7 @@ func mapFile(path string) (data []byte, release func(), err error) {
 		return nil, nothing, err
 	}
 	if !st.Mode().IsRegular() {
-		data, err := os.ReadFile(path)
+		data, err := io.ReadAll(f)
 		return data, nothing, err
 	}
 	if st.Size() == 0 {
@@ -51,7 +51,8 @@ func mapFile(path string) (data []byte, release func(), err error) {
 // largest vmlinux hpcvmm unpacks (a bzImage is smaller still).
 const maxKernelFile = vmlinux.MaxSize
 
-// readSealed returns a private, immutable copy of the file at path and the
+// readSealed returns a private, immutable copy of the file at path (opened
+// with open) and the
 // func that releases it, with the file's information. The kernel is read
 // this way, not mapped: a MAP_PRIVATE mapping still shows writes made to
 // the file later, so the bytes the kernel cache's key is hashed from could
@@ -61,9 +62,9 @@ const maxKernelFile = vmlinux.MaxSize
 // shrink; shmem, given back at release), not the Go heap, for the reason
 // mapFile gives. The file must not change while it is copied: its size and
 // times are compared before and after.
-func readSealed(path string) (data []byte, st os.FileInfo, release func(), err error) {
+func readSealed(open func(string) (*os.File, error), path string) (data []byte, st os.FileInfo, release func(), err error) {
 	nothing := func() {}
-	f, err := os.Open(path)
+	f, err := open(path)
 	if err != nil {
 		return nil, nil, nothing, err
 	}

@@ -56,7 +56,7 @@ func (vm *VM) openKernel() (_ *kernelImage, err error) {
 	// One private copy, hashed, parsed and decompressed alike (readSealed
 	// says why), off hpcvmm's heap (part of the VMM's own memory at the
 	// guest's /init otherwise).
-	image, info, unmap, err := readSealed(cfg.Kernel)
+	image, info, unmap, err := readSealed(cfg.openFile, cfg.Kernel)
 	if err != nil {
 		return nil, fieldErr("Kernel", "%v", err)
 	}

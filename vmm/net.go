@@ -101,15 +101,9 @@ func (vm *VM) addNets() error {
 	}
 	for i, n := range vm.cfg.Nets {
 		queues := max(n.Queues, 1)
-		tap, err := virtionet.OpenTAP(n.TAP, queues)
+		tap, err := virtionet.OpenVMTAP(n.TAP, queues, n.Bridge)
 		if err != nil {
 			return fieldErr("Nets", "interface %d: %v", i, err)
-		}
-		if n.Bridge != "" {
-			if err := tap.SetBridge(n.Bridge); err != nil {
-				tap.Close() // a TAP hpcvmm created goes away with it
-				return fieldErr("Nets", "interface %d: %v", i, err)
-			}
 		}
 		mtu, err := tap.MTU()
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/hpcvmm/hpcvmm/asuser"
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/pci"
 	"github.com/hpcvmm/hpcvmm/pcitopo"
@@ -210,7 +211,9 @@ func (vm *VM) writeNCCLTopology(supported []uapi.CPUIDEntry) error {
 	if err := plan.WriteNCCLTopology(&b, cpu); err != nil {
 		return err
 	}
-	if err := writeReplacing(vm.cfg.NCCLTopoFile, b.Bytes(), 0o644); err != nil {
+	// Created, and renamed into place, with the rights of the user
+	// hpcvmm acts for: the file and its directory are that user's.
+	if err := asuser.Do(vm.cfg.ActingFor, func() error { return writeReplacing(vm.cfg.NCCLTopoFile, b.Bytes(), 0o644) }); err != nil {
 		return fmt.Errorf("NCCL topology file %s: %w", vm.cfg.NCCLTopoFile, err)
 	}
 	vm.log.Info("NCCL topology written", "file", vm.cfg.NCCLTopoFile)

@@ -195,7 +195,7 @@ func (vm *VM) checkInput(tl *timeline) (*bootInput, error) {
 	in.kernel = ki
 	in.releases = append(in.releases, ki.release)
 	if cfg.Initrd != "" {
-		initrd, releaseInitrd, err := mapFile(cfg.Initrd)
+		initrd, releaseInitrd, err := mapFile(cfg.openFile, cfg.Initrd)
 		in.releases = append(in.releases, releaseInitrd)
 		if err != nil {
 			return in, fieldErr("Initrd", "%v", err)

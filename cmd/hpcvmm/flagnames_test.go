@@ -14,6 +14,7 @@ import (
 // not from a flag; no validation error names them.
 var configFieldsWithoutFlag = map[string]bool{
 	"ConsoleRows": true, "ConsoleCols": true, "Stdin": true, "Stdout": true, "Progress": true, "Logger": true, "StartTime": true,
+	"ActingFor":    true, // asuser.Acting, not a flag
 	"ConsolePorts": true, // the job's streams (hpcvmm run -- COMMAND), not a flag
 }
 

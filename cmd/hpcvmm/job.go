@@ -20,6 +20,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/hpcvmm/hpcvmm/agent"
+	"github.com/hpcvmm/hpcvmm/asuser"
 	"github.com/hpcvmm/hpcvmm/binds"
 	"github.com/hpcvmm/hpcvmm/initramfs"
 	"github.com/hpcvmm/hpcvmm/job"
@@ -76,7 +77,9 @@ func jobCommand(fs *pflag.FlagSet) []string {
 }
 
 // jobEnv builds COMMAND's environment from --env-file and --env, in order.
-func jobEnv(f *jobFlags, lookup func(string) (string, bool)) ([]string, error) {
+// Each --env-file is opened with the rights of the user hpcvmm acts for
+// (as; nil for itself).
+func jobEnv(f *jobFlags, lookup func(string) (string, bool), as *asuser.User) ([]string, error) {
 	var env []string
 	add := func(kv, where string) error {
 		k, v, ok := strings.Cut(kv, "=")
@@ -94,7 +97,7 @@ func jobEnv(f *jobFlags, lookup func(string) (string, bool)) ([]string, error) {
 		return nil
 	}
 	for _, file := range f.envFiles {
-		fh, err := os.Open(file)
+		fh, err := asuser.Open(as, file)
 		if err != nil {
 			return nil, fmt.Errorf("--env-file %s: %w", file, errors.Unwrap(err))
 		}
@@ -189,7 +192,8 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 	}
 	log := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: f.logLevel}))
 
-	acting, opened, err := jobUserAndBinds(jf, &spec, log)
+	acting := f.cfg.ActingFor
+	opened, err := jobUserAndBinds(jf, &spec, acting, log)
 	if err != nil {
 		return fail(2, "%v", err)
 	}
@@ -308,7 +312,7 @@ func defaultJobKernel(cfg *vmm.Config) error {
 // and the environment, and srun's PMI step when there is one; an error
 // names the flag or variable at fault.
 func jobSpec(f *runFlags, jf *jobFlags, argv []string) (job.Spec, *pmi.Step, error) {
-	env, err := jobEnv(jf, os.LookupEnv)
+	env, err := jobEnv(jf, os.LookupEnv, f.cfg.ActingFor)
 	if err != nil {
 		return job.Spec{}, nil, err
 	}
@@ -392,7 +396,9 @@ func forwardJobSignals(sigs <-chan os.Signal, stop <-chan struct{}, j *job.Job, 
 // printed). A cached initramfs is looked up first: on a hit the checks read
 // nothing of an archive or container IMAGE, and nothing is built.
 func prepareRootfs(image string, f *runFlags, spec *job.Spec, check func(*rootfs.Image) error, log *slog.Logger, stderr io.Writer) (string, int) {
-	im, err := rootfs.Open(image)
+	im, err := rootfs.OpenAs(image, func(p string) (*os.File, error) {
+		return asuser.OpenFile(f.cfg.ActingFor, p, os.O_RDONLY|unix.O_NONBLOCK, 0)
+	})
 	if err != nil {
 		fmt.Fprintf(stderr, "hpcvmm run: --rootfs: %v\n", err)
 		return "", 2

@@ -49,10 +49,10 @@ func TestJobEnv(t *testing.T) {
 	require.NoError(t, os.WriteFile(file, []byte("# comment\n\nA=1\nB=two words\nHOSTONLY\n"), 0o644))
 	host := map[string]string{"HOSTONLY": "h", "FROMHOST": "f"}
 	lookup := func(k string) (string, bool) { v, ok := host[k]; return v, ok }
-	env, err := jobEnv(&jobFlags{envFiles: []string{file}, env: []string{"A=3", "FROMHOST", "UNSET", "E="}}, lookup)
+	env, err := jobEnv(&jobFlags{envFiles: []string{file}, env: []string{"A=3", "FROMHOST", "UNSET", "E="}}, lookup, nil)
 	require.NoError(t, err)
 	require.Equal(t, []string{"A=1", "B=two words", "HOSTONLY=h", "A=3", "FROMHOST=f", "E="}, env)
-	_, err = jobEnv(&jobFlags{env: []string{"A B=1"}}, lookup)
+	_, err = jobEnv(&jobFlags{env: []string{"A B=1"}}, lookup, nil)
 	require.Error(t, err)
 }
 

@@ -39,13 +39,9 @@ func addBindFlags(g *pflag.FlagSet, f *bindFlags) {
 // jobIdentity gives COMMAND the user hpcvmm runs as (or acts for under
 // Slurm), as `apptainer exec` does, unless --user chose one: the ids, the
 // groups and the names for the guest's passwd and group files. hpcvmm run
-// as root for itself keeps COMMAND root. It returns whom hpcvmm acts for
-// (nil: itself) and the user's home directory ("" when unknown).
-func jobIdentity(spec *job.Spec, userFlag string) (acting *asuser.User, home string, err error) {
-	acting, err = asuser.Acting(os.Getenv)
-	if err != nil {
-		return nil, "", err
-	}
+// as root for itself keeps COMMAND root. acting is whom hpcvmm acts for
+// (acting, nil: itself) and the user's home directory ("" when unknown).
+func jobIdentity(spec *job.Spec, userFlag string, acting *asuser.User) (home string) {
 	who := acting
 	switch {
 	case who != nil:
@@ -58,12 +54,12 @@ func jobIdentity(spec *job.Spec, userFlag string) (acting *asuser.User, home str
 		}
 	}
 	if userFlag != "" || who == nil {
-		return acting, home, nil
+		return home
 	}
 	spec.SetUser, spec.UID, spec.GID = true, who.UID, who.GID
 	spec.Groups = append([]uint32{}, who.Groups...)
 	spec.UserName, spec.GroupName, spec.Home = who.Name, asuser.GroupName(who.GID), home
-	return acting, home, nil
+	return home
 }
 
 // openJobBinds parses the job's binds, adds the defaults, and opens each
@@ -161,14 +157,10 @@ func (s *bindServer) Close() error {
 
 // jobUserAndBinds settles whom COMMAND runs as (jobIdentity) and opens the
 // job's binds as that user; the defaults apply to a --rootfs job.
-func jobUserAndBinds(jf *jobFlags, spec *job.Spec, log *slog.Logger) (*asuser.User, []binds.Opened, error) {
-	acting, home, err := jobIdentity(spec, jf.user)
-	if err != nil {
-		return nil, nil, err
-	}
+func jobUserAndBinds(jf *jobFlags, spec *job.Spec, acting *asuser.User, log *slog.Logger) ([]binds.Opened, error) {
+	home := jobIdentity(spec, jf.user, acting)
 	jf.defaults = jf.rootfs != ""
-	opened, err := openJobBinds(&jf.bindFlags, spec, acting, home, log)
-	return acting, opened, err
+	return openJobBinds(&jf.bindFlags, spec, acting, home, log)
 }
 
 // serveJobBinds starts the file server on the opened sources: a process of

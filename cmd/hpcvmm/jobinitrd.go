@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hpcvmm/hpcvmm/asuser"
 	"github.com/hpcvmm/hpcvmm/boot"
 	"github.com/hpcvmm/hpcvmm/initramfs"
 	"github.com/hpcvmm/hpcvmm/kmodules"
@@ -22,17 +23,24 @@ var powerButtonModules = []string{"button", "evdev"}
 
 // kernelRelease is the guest kernel's release, naming its modules
 // directory: from the bzImage's version string, or uname -r when the
-// kernel is the host's own.
-func kernelRelease(kernel string) (string, error) {
-	b, err := os.ReadFile(kernel)
+// kernel is the host's own. The kernel is read with the rights of the user
+// hpcvmm acts for (as, nil for itself), and the release, chosen by whoever
+// built the image, must be one directory name under /lib/modules.
+func kernelRelease(kernel string, as *asuser.User) (string, error) {
+	b, err := asuser.ReadFile(as, kernel)
 	if err != nil {
 		return "", fmt.Errorf("--kernel %s: %w", kernel, err)
 	}
+	r := ""
 	if k, err := boot.ParseBzImage(b); err == nil {
-		if r := k.Release(); r != "" {
-			return r, nil
+		r = k.Release()
+	} else {
+		r = boot.ReleaseOfVmlinux(b)
+	}
+	if r != "" {
+		if err := kmodules.ValidateRelease(r); err != nil {
+			return "", fmt.Errorf("--kernel %s: %v", kernel, err)
 		}
-	} else if r := boot.ReleaseOfVmlinux(b); r != "" {
 		return r, nil
 	}
 	if hk, err := hostKernel(); err == nil && hk == kernel {
@@ -49,7 +57,7 @@ func jobInitrdConfig(im *rootfs.Image, f *runFlags) (initramfs.Config, error) {
 	if err != nil {
 		return initramfs.Config{}, fmt.Errorf("finding hpcvmm's own binary for the agent: %w", err)
 	}
-	release, err := kernelRelease(f.cfg.Kernel)
+	release, err := kernelRelease(f.cfg.Kernel, f.cfg.ActingFor)
 	if err != nil {
 		return initramfs.Config{}, err
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/hoststate"
-	"github.com/hpcvmm/hpcvmm/ibvf"
 	"github.com/hpcvmm/hpcvmm/slurm"
 	"github.com/hpcvmm/hpcvmm/vfio"
 	"github.com/hpcvmm/hpcvmm/vmm"
@@ -27,78 +26,47 @@ func addPassthroughFlags(fs *pflag.FlagSet, p *vmm.PassthroughConfig) {
 	fs.VarPF(notValue{&p.NoP2P}, "p2p", "", "DMA-map device BARs so passed-through devices reach each other (GPUDirect P2P/RDMA); --p2p=false skips it when they need not").NoOptDefVal = "true"
 }
 
-// runBind rebinds devices to vfio-pci and leaves them there, and sets
-// InfiniBand VFs' GUIDs and link state; every change is journaled, so
-// `hpcvmm unbind` undoes it. Under Slurm (a Prolog) --gpu slurm and --vf
-// slurm[,guid=auto] name the job's devices. All input is checked before
-// the first change.
+// runBind rebinds devices to vfio-pci and leaves them there, sets
+// InfiniBand VFs' GUIDs and link state, and (a Prolog's job) hands the
+// devices' VFIO group files and new persistent TAPs to the job's user;
+// every change is journaled, so `hpcvmm unbind` undoes it. Under Slurm (a
+// Prolog) --gpu slurm and --vf slurm[,guid=auto] name the job's devices.
+// All input is checked before the first change.
 func runBind(args []string, stdout, stderr io.Writer) int {
 	c := newCommand("hpcvmm bind",
 		"Rebind PCI devices to vfio-pci and set InfiniBand VFs' GUIDs and link state, and leave them so, journaled, until `hpcvmm unbind` restores them. "+
-			"In a Slurm Prolog, --gpu slurm and --vf slurm name the job's devices on this node.",
-		"hpcvmm bind [--state-dir DIR] [--gpu BDF|slurm]... [--vf BDF|slurm[,IB-OPTIONS]]... [BDF...]")
+			"In a Slurm Prolog, --gpu slurm and --vf slurm name the job's devices on this node, --owner hands exactly their VFIO group files to the job's user and --tap makes that user a TAP, so the job's steps run as the user.",
+		"hpcvmm bind [--state-dir DIR] [--gpu BDF|slurm]... [--vf BDF|slurm[,IB-OPTIONS]]... [BDF...]",
+		"hpcvmm bind --if-any --owner USER [--tap NAME,bridge=BR] --gpu slurm --vf slurm")
 	c.footer = "IB-OPTIONS: node-guid=GUID,port-guid=GUID[,link=auto|enable|disable]\nor guid=auto (see hpcvmm run --help).\n\n" +
 		"Exit status: 0 done, 1 a device could not be rebound or set, 2 invalid input."
 	g := c.group("Flags")
 	dir := g.String("state-dir", hoststate.DefaultStateDir, "`DIR`: where hpcvmm journals the host changes it makes")
-	var p vmm.PassthroughConfig
-	g.Var((*stringList)(&p.GPUs), "gpu", "`BDF|slurm`: a device to bind; slurm: the job's gpu GRES (repeatable)")
-	g.Var((*stringList)(&p.VFs), "vf", "`BDF|slurm[,IB-OPTIONS]`: a VF to bind, with the InfiniBand identity to set; slurm: the job's nic GRES (repeatable)")
+	var r bindRequest
+	g.Var((*stringList)(&r.p.GPUs), "gpu", "`BDF|slurm`: a device to bind; slurm: the job's gpu GRES (repeatable)")
+	g.Var((*stringList)(&r.p.VFs), "vf", "`BDF|slurm[,IB-OPTIONS]`: a VF to bind, with the InfiniBand identity to set; slurm: the job's nic GRES (repeatable)")
+	g.BoolVar(&r.ifAny, "if-any", false, "with --gpu slurm or --vf slurm: a job that holds no gpu (or nic) GRES on this node binds none, instead of failing (a Prolog under set -e)")
+	g.StringVar(&r.owner, "owner", "", "`USER`: hand the VFIO group files of the devices bound (/dev/vfio/<group>, mode 0600) to this user, name or uid (in a Prolog: \"$SLURM_JOB_UID\"); hpcvmm unbind gives them back")
+	g.Var((*stringList)(&r.taps), "tap", "`NAME[,bridge=BRIDGE]`: create a persistent TAP owned by --owner, up, on this existing bridge, for hpcvmm run --net tap=NAME as that user (no CAP_NET_ADMIN); hpcvmm unbind deletes it (repeatable)")
 	force := g.Bool("force", false, "rebind even a device the host uses (a network interface that is up, routes or has an address; a mounted, stacked or swap disk): without it such a device is refused")
 	sysRoot, procRoot := hostRootFlags(c)
+	devRoot := new(string)
+	c.hidden(func(fs *pflag.FlagSet) { fs.StringVar(devRoot, "devfs", "/dev", "device directory root (tests)") })
 	c.done()
 	if rc := c.parse(args, stdout, stderr); rc >= 0 {
 		return rc
 	}
-	p.GPUs = append(p.GPUs, c.fs.Args()...)
-	if len(p.GPUs)+len(p.VFs) == 0 {
-		return c.usageError(stderr, "no device given: name the PCI functions, e.g. hpcvmm bind 0000:82:00.0")
-	}
+	r.p.GPUs = append(r.p.GPUs, c.fs.Args()...)
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	env := &slurm.Env{Host: host.New(*sysRoot, *procRoot)}
-	if err := expandSlurmDevices(&p, env, log); err != nil {
+	env := &slurm.Env{Host: host.New(*sysRoot, *procRoot), DevDir: *devRoot}
+	pl, err := planBind(r, env, log)
+	if err != nil {
 		return c.usageError(stderr, "%v", err)
-	}
-	seed := ibvf.Seed{Cluster: env.Getenv("SLURM_CLUSTER_NAME"), Job: env.Getenv("SLURM_JOB_ID")}
-	if env.InSlurm() {
-		seed.Node, _ = env.NodeName()
-	}
-	// Everything is checked before the first change.
-	var bdfs []host.BDF
-	type ident struct {
-		t ibvf.Target
-		s ibvf.Settings
-	}
-	var idents []ident
-	for _, s := range p.GPUs {
-		sp, err := vfio.ParseSpec(s, false)
-		if err != nil {
-			return c.usageError(stderr, "%v", err)
-		}
-		bdfs = append(bdfs, sp.BDF)
-	}
-	for _, s := range p.VFs {
-		sp, err := vfio.ParseSpec(s, true)
-		if err != nil {
-			return c.usageError(stderr, "%v", err)
-		}
-		bdfs = append(bdfs, sp.BDF)
-		if sp.IB.Empty() {
-			continue
-		}
-		if err := sp.IB.Resolve(seed, sp.BDF); err != nil {
-			return c.usageError(stderr, "--vf %s: %v", s, err)
-		}
-		t, err := ibvf.Locate(env.Host, sp.BDF)
-		if err != nil {
-			return c.usageError(stderr, "--vf %s: %v", s, err)
-		}
-		idents = append(idents, ident{t, sp.IB})
 	}
 	// A device the host uses is refused before the first change: rebinding
 	// the node's NIC or root disk cuts it off (issue 23).
 	if !*force {
-		for _, b := range bdfs {
+		for _, b := range pl.bdfs {
 			if _, err := os.Stat(filepath.Join(*sysRoot, "bus/pci/devices", b.String())); errors.Is(err, fs.ErrNotExist) {
 				continue // the journal's Bind says so, with what to do
 			}
@@ -108,20 +76,10 @@ func runBind(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}
-	j := hoststate.Open(hoststate.Options{StateDir: *dir, SysfsRoot: *sysRoot})
-	for _, b := range bdfs {
-		if err := j.Bind(b); err != nil {
-			fmt.Fprintln(stderr, "hpcvmm bind:", err)
-			return 1
-		}
-		fmt.Fprintf(stdout, "%s bound to vfio-pci (hpcvmm unbind %s restores it; journal %s)\n", b, b, j.Path())
-	}
-	for _, id := range idents {
-		if err := j.SetVFIdentity(id.t, id.s); err != nil {
-			fmt.Fprintln(stderr, "hpcvmm bind:", err)
-			return 1
-		}
-		fmt.Fprintf(stdout, "%s: %s set on %s VF %d (hpcvmm unbind %s restores the previous values; journal %s)\n", id.t.VF, id.s, id.t.Netdev, id.t.Index, id.t.VF, j.Path())
+	j := hoststate.Open(hoststate.Options{StateDir: *dir, SysfsRoot: *sysRoot, DevRoot: *devRoot})
+	if err := applyBind(pl, j, *devRoot, stdout); err != nil {
+		fmt.Fprintln(stderr, "hpcvmm bind:", err)
+		return 1
 	}
 	return 0
 }

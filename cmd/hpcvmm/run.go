@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 
+	"github.com/hpcvmm/hpcvmm/asuser"
 	"github.com/hpcvmm/hpcvmm/binds"
 	"github.com/hpcvmm/hpcvmm/guestnet"
 	"github.com/hpcvmm/hpcvmm/host"
@@ -226,6 +227,19 @@ func exitStatus(err error) int {
 	return 1
 }
 
+// setActingFor sets cfg.ActingFor: under Slurm as root (or setuid), every
+// file the user named is opened with that user's rights (issue 30).
+func setActingFor(cfg *vmm.Config, log *slog.Logger) error {
+	acting, err := asuser.Acting(os.Getenv)
+	if err != nil {
+		return err
+	}
+	if cfg.ActingFor = acting; acting != nil {
+		log.Debug("opening the files named on the command line as the job's user", "user", acting.String())
+	}
+	return nil
+}
+
 // runRun implements `hpcvmm run`: one VM from the flags (or a job's
 // COMMAND after --, see runJob), run until the guest powers off, it fails or a
 // signal stops it.
@@ -256,6 +270,10 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	env := &slurm.Env{Host: host.New(sysRoot, procRoot)}
 	if err := applySlurm(&f.cfg, c.fs, env, slurm.AllowedCPUs, log); err != nil {
+		fmt.Fprintln(stderr, "hpcvmm run:", err)
+		return 2
+	}
+	if err := setActingFor(&f.cfg, log); err != nil {
 		fmt.Fprintln(stderr, "hpcvmm run:", err)
 		return 2
 	}

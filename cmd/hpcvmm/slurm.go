@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -52,7 +53,7 @@ func applySlurm(cfg *vmm.Config, fs *pflag.FlagSet, env *slurm.Env, allowed func
 		}
 		p.GUIDSeed = ibvf.Seed{Cluster: env.Getenv("SLURM_CLUSTER_NAME"), Job: env.Getenv("SLURM_JOB_ID"), Node: node}
 	}
-	if err := expandSlurmDevices(p, env, log); err != nil {
+	if err := expandSlurmDevices(p, env, false, log); err != nil {
 		return err
 	}
 	if !env.InSlurm() {
@@ -62,8 +63,10 @@ func applySlurm(cfg *vmm.Config, fs *pflag.FlagSet, env *slurm.Env, allowed func
 }
 
 // expandSlurmDevices replaces --gpu slurm and --vf slurm[,OPTIONS] by the
-// PCI functions of the step's (or, in a Prolog, the job's) GRES.
-func expandSlurmDevices(p *vmm.PassthroughConfig, env *slurm.Env, log *slog.Logger) error {
+// PCI functions of the step's (or, in a Prolog, the job's) GRES. With
+// ifAny (hpcvmm bind --if-any, a Prolog under set -e) a job that holds
+// none of a GRES on this node gets none of its devices, not an error.
+func expandSlurmDevices(p *vmm.PassthroughConfig, env *slurm.Env, ifAny bool, log *slog.Logger) error {
 	var gpus, vfs []string
 	for _, s := range p.GPUs {
 		opts, ok := isSlurmSpec(s)
@@ -75,6 +78,10 @@ func expandSlurmDevices(p *vmm.PassthroughConfig, env *slurm.Env, log *slog.Logg
 			return fmt.Errorf("--gpu %q: --gpu slurm takes no options (clique= would apply to every GPU; name the GPUs to give them cliques)", s)
 		}
 		sel, err := env.Resolve(slurm.GPU)
+		if ifAny && errors.Is(err, slurm.ErrNoGRES) {
+			log.Info("no GPUs in this job on this node: none to bind", "slurm", err.Error())
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("--gpu slurm: %w", err)
 		}
@@ -90,6 +97,10 @@ func expandSlurmDevices(p *vmm.PassthroughConfig, env *slurm.Env, log *slog.Logg
 			continue
 		}
 		sel, err := env.Resolve(slurm.NIC)
+		if ifAny && errors.Is(err, slurm.ErrNoGRES) {
+			log.Info("no NICs in this job on this node: none to bind", "slurm", err.Error())
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("--vf %s: %w", s, err)
 		}

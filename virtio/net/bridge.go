@@ -66,3 +66,25 @@ func (t *TAP) SetBridge(bridge string) error {
 	}
 	return nil
 }
+
+// OpenVMTAP opens the TAP of one VM interface as `hpcvmm run --net
+// tap=NAME[,bridge=BRIDGE]` does. A TAP that exists (a persistent one the
+// Prolog made for this user with `hpcvmm bind --tap`) is attached to with
+// TUNSETIFF only, which its owner may do without CAP_NET_ADMIN: no netlink
+// link change, its bridge checked and never changed, and it is left in
+// place on Close for the Epilog to delete. A missing one is created (which
+// needs CAP_NET_ADMIN), brought up and made a port of bridge, and goes away
+// with Close. Call CheckBridge for every interface first.
+func OpenVMTAP(name string, queues int, bridge string) (*TAP, error) {
+	tap, err := OpenTAP(name, queues)
+	if err != nil {
+		return nil, err
+	}
+	if bridge != "" {
+		if err := tap.SetBridge(bridge); err != nil {
+			tap.Close() // a TAP hpcvmm created goes away with it
+			return nil, err
+		}
+	}
+	return tap, nil
+}

@@ -17,6 +17,9 @@ import (
 const bridgeChildEnv = "HPCVMM_TEST_BRIDGE_CHILD"
 
 func TestMain(m *testing.M) {
+	if os.Getenv(tapUserChildEnv) == "1" {
+		tapUserChild()
+	}
 	if os.Getenv(bridgeChildEnv) == "1" {
 		tap, err := OpenTAP("hpvb1", 1)
 		if err == nil {
