@@ -91,7 +91,7 @@ func openJobBinds(f *bindFlags, spec *job.Spec, acting *asuser.User, home string
 		return nil, err
 	}
 	for _, s := range skipped {
-		log.Warn("job: a default bind is left out", "why", s)
+		log.Debug("job: a default bind is left out", "why", s)
 	}
 	f.withBinds = len(opened) > 0
 	if spec.Workdir == "" && cwd != "" {
