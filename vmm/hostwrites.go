@@ -47,22 +47,29 @@ func (w *sysfsWrites) write(path string, data []byte) error {
 }
 
 // restorePaths are the sysfs attributes the journal's restore of c may
-// write (hoststate's undoChange, which validates c before any write): the current driver's unbind, the device's
-// driver_override, drivers_probe, and the original driver's bind.
+// write (hoststate's undoChange, which validates c before any write), and
+// no other: the device's driver_override; the current driver's unbind,
+// only when that is not the original driver; drivers_probe and the
+// original driver's bind, only when there is an original driver to give
+// the device back to. The unbind, drivers_probe and bind files are the
+// kernel's per-driver and per-bus interface (they take any address), so
+// they stay open under the filter only where this VM's teardown needs
+// them; docs/hardening.md says what a hijacked thread could do with them.
 func restorePaths(sysRoot string, c hoststate.Change) []string {
 	if c.Kind != hoststate.KindPCIBind || c.BDF == "" || filepath.Base(c.BDF) != c.BDF {
 		return nil
 	}
 	pci := filepath.Join(sysRoot, "bus/pci")
-	paths := []string{
-		filepath.Join(pci, "devices", c.BDF, "driver_override"),
-		filepath.Join(pci, "drivers_probe"),
+	paths := []string{filepath.Join(pci, "devices", c.BDF, "driver_override")}
+	orig := c.OriginalDriver
+	if orig != "" && filepath.Base(orig) != orig {
+		orig = "" // not a driver name: undoChange refuses the change
 	}
-	if t, err := os.Readlink(filepath.Join(pci, "devices", c.BDF, "driver")); err == nil {
+	if t, err := os.Readlink(filepath.Join(pci, "devices", c.BDF, "driver")); err == nil && filepath.Base(t) != orig {
 		paths = append(paths, filepath.Join(pci, "drivers", filepath.Base(t), "unbind"))
 	}
-	if d := c.OriginalDriver; d != "" && filepath.Base(d) == d {
-		paths = append(paths, filepath.Join(pci, "drivers", d, "bind"))
+	if orig != "" {
+		paths = append(paths, filepath.Join(pci, "drivers_probe"), filepath.Join(pci, "drivers", orig, "bind"))
 	}
 	return paths
 }

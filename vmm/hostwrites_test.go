@@ -85,3 +85,31 @@ func TestSysfsWritesRefuseSymlinks(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, b)
 }
+
+// TestSysfsWritesKeepOnlyWhatTheTeardownNeeds is issue 30's finding on
+// the descriptors a --bind-devices run keeps open under the seccomp
+// filter: for a device that had no driver, only its own driver_override
+// and vfio-pci's unbind (no drivers_probe, no driver's bind); never another
+// device's driver_override, a driver's new_id or remove_id, a device's
+// remove or the bus's rescan.
+func TestSysfsWritesKeepOnlyWhatTheTeardownNeeds(t *testing.T) {
+	root := t.TempDir()
+	pci := filepath.Join(root, "bus/pci")
+	const mine, other = "0000:00:04.0", "0000:00:05.0"
+	for _, f := range []string{"devices/" + mine + "/driver_override", "devices/" + mine + "/remove", "devices/" + other + "/driver_override",
+		"drivers/vfio-pci/unbind", "drivers/vfio-pci/new_id", "drivers/vfio-pci/remove_id", "drivers/nvme/bind", "drivers_probe", "rescan"} {
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(pci, f)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(pci, f), nil, 0o644))
+	}
+	require.NoError(t, os.Symlink("../../drivers/vfio-pci", filepath.Join(pci, "devices", mine, "driver")))
+	var w sysfsWrites
+	defer w.close()
+	require.NoError(t, w.prepare(root, []hoststate.Change{{Kind: hoststate.KindPCIBind, BDF: mine}}))
+	var opened []string
+	for p := range w.files {
+		rel, err := filepath.Rel(pci, p)
+		require.NoError(t, err)
+		opened = append(opened, rel)
+	}
+	assert.ElementsMatch(t, []string{"devices/" + mine + "/driver_override", "drivers/vfio-pci/unbind"}, opened)
+}

@@ -186,10 +186,7 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 		return fail(2, "%v", err)
 	}
 
-	logOut := stderr
-	if jf.quiet {
-		logOut = io.Discard
-	}
+	logOut, consoleOut := jobStderr(stderr, jf.quiet)
 	log := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: f.logLevel}))
 
 	acting := f.cfg.ActingFor
@@ -224,7 +221,7 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 	cfg.Cmdline = jobCmdline(cfg.Cmdline)
 	cfg.Console = vmm.ConsoleVirtio // the ports are virtio-console ports
 	cfg.Stdin = nil
-	watch := &consoleWatch{w: logOut}
+	watch := &consoleWatch{w: consoleOut}
 	cfg.Stdout = watch // the kernel's console, never COMMAND's stdout
 	cfg.Progress = logOut
 	cfg.Logger = log
@@ -267,7 +264,7 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 		st.Reason = "the guest ended without the command's status: " + watch.Last()
 	}
 	if st.Failure != 0 {
-		fmt.Fprintf(stderr, "hpcvmm run: %s\n", st.Reason)
+		printJobReason(stderr, st.Reason)
 	} else {
 		log.Debug("job: ended", "status", st.String())
 	}
