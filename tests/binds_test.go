@@ -40,7 +40,9 @@ const (
 func TestJobsBinds(t *testing.T) {
 	harness.Run(t, harness.ProfileJobs, func(t *testing.T, env *harness.Env) {
 		root := busyboxRootfs(t)
-		require.NoError(t, os.Chmod(root, 0o755)) // the unprivileged user reads it too
+		// The unprivileged user reads it too (t.TempDir's parent is 0700).
+		require.NoError(t, os.Chmod(filepath.Dir(root), 0o755))
+		require.NoError(t, os.Chmod(root, 0o755))
 
 		t.Run("as-user-cwd-and-home", func(t *testing.T) {
 			if env.Where() != harness.WhereInside {
