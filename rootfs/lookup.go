@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
 	"path"
-	"path/filepath"
 	"strings"
 )
 
@@ -124,13 +122,13 @@ func (im *Image) lstat(name string) (*Entry, error) {
 		return &Entry{Mode: fs.ModeDir | 0o755}, nil
 	}
 	if im.format == FormatDir {
-		p := filepath.Join(im.path, filepath.FromSlash(name))
-		fi, err := os.Lstat(p)
+		dir, fi, err := lstatBeneath(im.path, name)
 		if err != nil {
 			return nil, err
 		}
+		defer dir.Close()
 		var e Entry
-		if err := dirEntry(p, name, fi, im.path, &e); err != nil {
+		if err := dirEntry(dir, path.Base(name), name, fi, im.path, &e); err != nil {
 			return nil, err
 		}
 		return &e, nil
@@ -296,16 +294,16 @@ func (im *Image) ReadFiles(names []string, maxEach int64) (map[string][]byte, er
 	}
 	if im.format == FormatDir {
 		for r, asked := range want {
-			p := filepath.Join(im.path, filepath.FromSlash(r))
-			fi, err := os.Lstat(p)
+			dir, fi, err := lstatBeneath(im.path, r)
 			if err != nil {
 				return nil, fmt.Errorf("rootfs: image %s: %w", im.path, err)
 			}
-			f, err := openNoFollow(p, fi)
+			f, err := openAt(dir, path.Base(r), fi, 0)
+			dir.Close()
 			if err != nil {
 				return nil, fmt.Errorf("rootfs: image %s: %w", im.path, err)
 			}
-			b, err := io.ReadAll(&exactReader{r: f, left: min(fi.Size(), maxEach), name: p})
+			b, err := io.ReadAll(&exactReader{r: f, left: min(fi.Size(), maxEach), name: f.Name()})
 			f.Close()
 			if err != nil {
 				return nil, fmt.Errorf("rootfs: image %s: %w", im.path, err)

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -526,4 +527,31 @@ func TestContainerKeyIsTheConfigDigest(t *testing.T) {
 	require.Equal(t, oci.cfgDigest, docker.cfgDigest, "the same image saved two ways has one config")
 	cn, _ := img.ConfigName()
 	require.Equal(t, cn, oci.cfgDigest)
+}
+
+// lstatBeneath never follows a symlink on the way: a directory of IMAGE
+// that is (or was swapped for) a link out of IMAGE is not a directory.
+func TestLstatBeneathFollowsNoLink(t *testing.T) {
+	root, outside := t.TempDir(), t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(outside, "f"), []byte("secret"), 0o600))
+	require.NoError(t, os.Symlink(outside, filepath.Join(root, "link")))
+	require.NoError(t, os.Mkdir(filepath.Join(root, "d"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "d", "f"), []byte("public"), 0o644))
+	_, _, err := lstatBeneath(root, "link/f")
+	require.ErrorIs(t, err, syscall.ENOTDIR)
+	dir, fi, err := lstatBeneath(root, "d/f")
+	require.NoError(t, err)
+	defer dir.Close()
+	require.Equal(t, int64(6), fi.Size())
+	dir2, fi, err := lstatBeneath(root, "link")
+	require.NoError(t, err)
+	defer dir2.Close()
+	require.Equal(t, fs.ModeSymlink, fi.Mode().Type())
+
+	im, err := Open(root)
+	require.NoError(t, err)
+	got, err := im.ReadFiles([]string{"/d/f", "/link/f"}, 100)
+	require.NoError(t, err)
+	require.Equal(t, map[string][]byte{"/d/f": []byte("public")}, got,
+		"/link's absolute target is resolved inside the image (where it does not exist), never on the host")
 }
