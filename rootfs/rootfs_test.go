@@ -387,7 +387,9 @@ func TestUsageOfArchive(t *testing.T) {
 	require.NoError(t, err)
 	u, err := im.Usage()
 	require.NoError(t, err)
-	require.Equal(t, Usage{Entries: 3, Bytes: 10, Memory: 3*EntryOverhead + 2*PageSize}, u, "a hard link counts as a copy")
+	// newc: a 110-byte header and "a\x00" padded to 112, then the content
+	// padded to 8 (a and its copy b) or the link target to 4 (c).
+	require.Equal(t, Usage{Entries: 3, Bytes: 10, Memory: 3*EntryOverhead + 2*PageSize, Archive: 120 + 120 + 116}, u, "a hard link counts as a copy")
 	got, err := im.LookPath("b", "/")
 	require.ErrorIs(t, err, ErrNotExecutable, got)
 }
@@ -554,4 +556,35 @@ func TestLstatBeneathFollowsNoLink(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, map[string][]byte{"/d/f": []byte("public")}, got,
 		"/link's absolute target is resolved inside the image (where it does not exist), never on the host")
+}
+
+// Issue 30 item 4: names past PATH_MAX or MaxDepth components are refused
+// by every format: a tar entry, a symlink target, a directory IMAGE.
+func TestNameLimits(t *testing.T) {
+	deep := strings.Repeat("d/", MaxDepth) + "f"
+	for name, tb := range map[string][]byte{
+		"long name":   tarBytes(t, file(strings.Repeat("x", MaxName+1), "")),
+		"deep name":   tarBytes(t, file(deep, "")),
+		"long target": tarBytes(t, symlink("l", strings.Repeat("x", MaxName+1))),
+	} {
+		t.Run(name, func(t *testing.T) {
+			im, err := Open(writeFile(t, tb))
+			require.NoError(t, err)
+			err = im.Walk(func(*Entry, io.Reader) error { return nil })
+			require.Error(t, err)
+			require.Regexp(t, "PATH_MAX|more than hpcvmm's limit of 256", err.Error())
+		})
+	}
+	// MaxDepth components are fine.
+	im, err := Open(writeFile(t, tarBytes(t, file(strings.Repeat("d/", MaxDepth-1)+"f", "x"))))
+	require.NoError(t, err)
+	require.NoError(t, im.Walk(func(*Entry, io.Reader) error { return nil }))
+
+	root := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(root, strings.Repeat("d/", MaxDepth+1)), 0o755))
+	im, err = Open(root)
+	require.NoError(t, err)
+	err = im.Walk(func(*Entry, io.Reader) error { return nil })
+	require.ErrorContains(t, err, "257 directories deep, more than hpcvmm's limit of 256")
+	require.ErrorContains(t, err, root)
 }
