@@ -54,6 +54,7 @@ func TestCacheBombRefusedAtTheCacheBound(t *testing.T) {
 	require.NoError(t, tw.Close())
 	require.NoError(t, zw.Close())
 	require.Less(t, zst.Len(), 12<<10, "an ~8 KiB tar.zst")
+	t.Logf("the tar.zst: %d bytes", zst.Len())
 	img := filepath.Join(t.TempDir(), "bomb.tar.zst")
 	require.NoError(t, os.WriteFile(img, zst.Bytes(), 0o644))
 
