@@ -7,6 +7,12 @@
 // unlocked file. Lock files are opened close-on-exec, so a child (a helper
 // the VMM starts) cannot keep a claim alive.
 //
+// Only root's and hpcvmm's user's processes can claim: the lock files
+// are 0600, and a flock held by a process of any other uid (found in
+// /proc/locks) does not count; the file is replaced by a fresh one
+// (issue 30 item 5: any local user could flock 0644 lock files and keep
+// every VM off its CPUs).
+//
 // The claims are advisory, between hpcvmm processes that share the run
 // directory: a VM given an explicit CPU list, or a job whose cpuset a
 // scheduler (Slurm) already separates from other jobs, needs none.
@@ -142,37 +148,84 @@ func checkDir(dir string) error {
 }
 
 // lock opens <dir>/<cpu>.lock and tries a non-blocking exclusive flock:
-// ok is false when another process holds it.
+// ok is false when a trusted process (root's or hpcvmm's user's) holds it.
+// The file is created 0600, and one of ours an older hpcvmm left readable
+// is made 0600 (fchmod), so no other user can open it to flock it; a lock
+// another user holds all the same (opened while it was readable) does not
+// count: the file is replaced by a fresh one (replaceLock) and that is
+// locked (issue 30 item 5). A lock taken on a file that is no longer the
+// one at the path (replaced meanwhile) is dropped and taken again.
 func lock(dir string, cpu int) (_ *os.File, ok bool, _ error) {
 	path := filepath.Join(dir, strconv.Itoa(cpu)+".lock")
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o644)
+	for range 4 {
+		f, st, err := openLock(path)
+		if err != nil {
+			return nil, false, err
+		}
+		err = flockNB(f)
+		switch {
+		case err == nil:
+			if !stillAt(path, st) {
+				f.Close() // replaced since it was opened: lock the file there now
+				continue
+			}
+			return f, true, nil
+		case errors.Is(err, unix.EWOULDBLOCK):
+			f.Close()
+			if trusted, known := holderTrusted(st); trusted || !known {
+				return nil, false, nil
+			}
+			if err := replaceLock(dir, path, st); err != nil {
+				// A directory hpcvmm cannot write (a user's `hpcvmm check`
+				// on root's claims): the untrusted claim is no claim, but
+				// neither can this process take the CPU.
+				return nil, false, nil
+			}
+		default:
+			f.Close()
+			return nil, false, fmt.Errorf("CPU claims: flock %s: %w", path, err)
+		}
+	}
+	return nil, false, fmt.Errorf("CPU claims: %s keeps being replaced while hpcvmm locks it: is another user writing %s?", path, dir)
+}
+
+// openLock opens (creating, 0600) the lock file path and makes it 0600
+// when it is ours and others may read it.
+func openLock(path string) (*os.File, *unix.Stat_t, error) {
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 	if errors.Is(err, unix.EACCES) {
-		// A lock file another user created: read access is enough to flock.
+		// root's lock file, opened by another user for `hpcvmm check`.
 		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("CPU claims: open %s: %w", path, err)
+		return nil, nil, fmt.Errorf("CPU claims: open %s: %w", path, err)
 	}
 	f := os.NewFile(uintptr(fd), path)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
 		f.Close()
-		return nil, false, fmt.Errorf("CPU claims: %s is not a regular file", path)
+		return nil, nil, fmt.Errorf("CPU claims: %s is not a regular file", path)
 	}
-	for {
-		err = unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
-		if !errors.Is(err, unix.EINTR) {
-			break
+	if st.Mode&0o077 != 0 && int(st.Uid) == os.Geteuid() {
+		if err := unix.Fchmod(fd, 0o600); err != nil {
+			f.Close()
+			return nil, nil, fmt.Errorf("CPU claims: %s has mode %04o, and chmod 600 failed: %w", path, st.Mode&0o777, err)
 		}
 	}
-	switch {
-	case err == nil:
-		return f, true, nil
-	case errors.Is(err, unix.EWOULDBLOCK):
-		f.Close()
-		return nil, false, nil
-	default:
-		f.Close()
-		return nil, false, fmt.Errorf("CPU claims: flock %s: %w", path, err)
+	return f, &st, nil
+}
+
+func flockNB(f *os.File) error {
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
 	}
+}
+
+// stillAt reports whether path is still the file st describes.
+func stillAt(path string, st *unix.Stat_t) bool {
+	var now unix.Stat_t
+	return unix.Lstat(path, &now) == nil && now.Dev == st.Dev && now.Ino == st.Ino
 }

@@ -28,12 +28,21 @@ type archive struct {
 	all  map[string]bool     // every name written
 }
 
+// countWriter counts the archive's bytes and refuses any write past
+// limit (when set) with over's error: the builder checks each entry
+// against the bound before writing it, and this catches what it does not
+// (synthesized module directories, the console node).
 type countWriter struct {
-	w io.Writer
-	n int64
+	w     io.Writer
+	n     int64
+	limit int64
+	over  func() error
 }
 
 func (c *countWriter) Write(p []byte) (int, error) {
+	if c.limit > 0 && c.n+int64(len(p)) > c.limit {
+		return 0, c.over()
+	}
 	n, err := c.w.Write(p)
 	c.n += int64(n)
 	return n, err

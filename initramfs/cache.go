@@ -231,6 +231,27 @@ func (c *Cache) metaPath(key string) string    { return filepath.Join(c.dir, key
 func (c *Cache) okPath(key string) string      { return filepath.Join(c.dir, key+okExt) }
 func (c *Cache) indexPath(key string) string   { return filepath.Join(c.dir, key+indexExt) }
 
+// freeMargin is the free space a build leaves on the cache's file system.
+const freeMargin = 256 << 20
+
+// entryBound is the most bytes one entry's archive may take, and what sets
+// it: the cache's size bound, or the free space of the cache's file system
+// (as an unprivileged user sees it) less freeMargin, whichever is smaller.
+// A build checks every write against it (issue 30 item 4: an 8 KiB image
+// became a 256 MiB entry, and the bound applied only after it was
+// written).
+func (c *Cache) entryBound() (int64, string) {
+	bound, why := c.max, fmt.Sprintf("the size bound of the cache %s (%d MiB)", c.dir, mib(c.max))
+	var st unix.Statfs_t
+	if err := unix.Statfs(c.dir, &st); err == nil {
+		if free := int64(st.Bavail)*st.Bsize - freeMargin; free < bound {
+			bound = max(free, 0)
+			why = fmt.Sprintf("the free space of the file system of the cache %s, less %d MiB", c.dir, mib(freeMargin))
+		}
+	}
+	return bound, why
+}
+
 // errMiss is get's error when there is no entry.
 var errMiss = errors.New("initramfs: not in the cache")
 

@@ -61,7 +61,7 @@ const (
 	ModulesList = "/.hpcvmm/modules"
 	// formatVersion changes whenever Build would write other bytes for the
 	// same inputs, so older cache entries are never served.
-	formatVersion = "hpcvmm-initramfs-format v1"
+	formatVersion = "hpcvmm-initramfs-format v2"
 )
 
 // Config is what Build builds from.
@@ -305,7 +305,9 @@ func build(cfg Config, cache *Cache, key, agentSum string) (m *meta, err error) 
 	sum := sha256.New()
 	a := newArchive(f)
 	a.cnt.w = io.MultiWriter(a.buf, sum)
-	b := &builder{a: a, cfg: cfg, top: map[string]string{}, agentSum: agentSum,
+	bound, why := cache.entryBound()
+	a.cnt.limit, a.cnt.over = bound, func() error { return boundError(cfg.Image.Path(), "", bound, why) }
+	b := &builder{a: a, cfg: cfg, top: map[string]string{}, agentSum: agentSum, bound: bound, boundWhy: why,
 		modFiles: map[string]bool{}, modSums: map[string][sha256.Size]byte{}}
 	if strings.HasPrefix(set.Source, "image:") {
 		for _, m := range set.Modules {
@@ -355,13 +357,31 @@ type builder struct {
 	// file of such a name the walk wrote (modules from the image only).
 	modFiles map[string]bool
 	modSums  map[string][sha256.Size]byte
+	// bound is the most bytes the archive may take (Cache.entryBound),
+	// boundWhy what sets it.
+	bound    int64
+	boundWhy string
 }
 
-// count adds an entry of size content bytes to the unpacked total and,
-// before it is written, checks the image still fits the guest (Fits) with
-// the entry in the archive too: a build that cannot boot stops before it
-// writes the file that makes it too large.
-func (b *builder) count(size int64) error {
+// boundError is the refusal of an archive that would grow past bound.
+func boundError(image, name string, bound int64, why string) error {
+	at := ""
+	if name != "" {
+		at = fmt.Sprintf(" at /%s", name[:min(len(name), 64)])
+	}
+	return fmt.Errorf("initramfs: image %s: its initramfs grows past %d MiB%s, %s: use a smaller image, or make room for the cache", image, mib(bound), at, why)
+}
+
+// count adds an entry called name of size content bytes to the unpacked
+// total and, before it is written, checks the archive stays within its
+// bound (the cache's size bound and free space: issue 30 item 4) and the
+// image still fits the guest (Fits) with the entry in the archive too: a
+// build that cannot boot, or would fill the disk, stops before it writes
+// the file that makes it too large.
+func (b *builder) count(name string, size int64) error {
+	if b.a.size()+rootfs.NewcSize(name, size) > b.bound {
+		return boundError(b.cfg.Image.Path(), name, b.bound, b.boundWhy)
+	}
 	b.unpacked += rootfs.EntryOverhead + (size+rootfs.PageSize-1)/rootfs.PageSize*rootfs.PageSize
 	if b.cfg.GuestMemory > 0 {
 		if err := Fits(b.a.size()+size+512, b.unpacked, b.cfg.GuestMemory); err != nil {
@@ -383,7 +403,7 @@ func (b *builder) entry(e *rootfs.Entry, content io.Reader) error {
 	case e.Mode.IsRegular():
 		size = e.Size
 	}
-	if err := b.count(size); err != nil {
+	if err := b.count(e.Name, size); err != nil {
 		return err
 	}
 	var err error
@@ -426,7 +446,7 @@ func (b *builder) extras(set *kmodules.Set) error {
 		perm fs.FileMode
 	}{{"proc", 0o555}, {"sys", 0o555}, {"dev", 0o755}, {"tmp", 0o777 | fs.ModeSticky}, {"run", 0o755}} {
 		if !a.all[d.name] {
-			if err := b.count(0); err != nil {
+			if err := b.count(d.name, 0); err != nil {
 				return err
 			}
 			if err := a.dir(d.name, d.perm, 0, 0); err != nil {
@@ -451,7 +471,7 @@ func (b *builder) extras(set *kmodules.Set) error {
 	if err != nil {
 		return fmt.Errorf("initramfs: agent: %w", err)
 	}
-	if err := b.count(fi.Size()); err != nil {
+	if err := b.count(AgentPath, fi.Size()); err != nil {
 		return err
 	}
 	// Hashed as it is copied and compared with the key's hash of it: the
@@ -484,7 +504,7 @@ func (b *builder) extras(set *kmodules.Set) error {
 			if err := a.ensureDirs(name); err != nil {
 				return err
 			}
-			if err := b.count(int64(len(m.Data))); err != nil {
+			if err := b.count(name, int64(len(m.Data))); err != nil {
 				return err
 			}
 			if err := a.file(name, 0o644, 0, 0, int64(len(m.Data)), bytes.NewReader(m.Data)); err != nil {
@@ -494,7 +514,7 @@ func (b *builder) extras(set *kmodules.Set) error {
 		list.WriteString("/" + name + "\n")
 	}
 	l := list.String()
-	if err := b.count(int64(len(l))); err != nil {
+	if err := b.count(ModulesList, int64(len(l))); err != nil {
 		return err
 	}
 	return a.file(strings.TrimPrefix(ModulesList, "/"), 0o644, 0, 0, int64(len(l)), strings.NewReader(l))

@@ -373,7 +373,7 @@ func TestBuildFromOCIAndTar(t *testing.T) {
 	// A tampered index: the entry is rebuilt.
 	ip := filepath.Join(cfg.CacheDir, hit.Key+indexExt)
 	require.NoError(t, os.Chmod(ip, 0o644))
-	require.NoError(t, os.WriteFile(ip, []byte("hpcvmm-rootfs-index v1\n\"usr/bin/python3\" 493 1 0 0 0 0 0 \"\"\nusage 1 1 1\n"), 0o444))
+	require.NoError(t, os.WriteFile(ip, []byte("hpcvmm-rootfs-index v2\n\"usr/bin/python3\" 493 1 0 0 0 0 0 \"\"\nusage 1 1 1 1\n"), 0o444))
 	cfg.Image, _ = rootfs.Open(tarPath)
 	again, err := Build(cfg)
 	require.NoError(t, err)

@@ -8,16 +8,18 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
-// walkDir yields the tree under root (a host directory): every entry
-// Lstat'ed, never followed, in lexical order (parents first). A regular
-// file is opened with O_NOFOLLOW and checked to be the file Lstat saw, so a
-// file swapped for a symlink mid-walk is refused rather than followed. Hard
+// walkDir yields the tree under root (a host directory) by file
+// descriptor (fdwalk.go): every entry stat'ed relative to its open parent,
+// never followed, in lexical order (parents first). A regular file is
+// opened relative to its parent with O_NOFOLLOW and checked to be the file
+// fstatat saw, so a file swapped for a symlink mid-walk is refused rather
+// than followed, and a directory swapped for one is never entered. Hard
 // links are yielded as separate regular files (their content twice).
 func walkDir(root, image string, fn func(*Entry, io.Reader) error) error {
 	return walkDirHashing(root, image, fn, nil)
@@ -29,22 +31,8 @@ func walkDir(root, image string, fn func(*Entry, io.Reader) error) error {
 // if fn stops early, read here).
 func walkDirHashing(root, image string, fn func(*Entry, io.Reader) error, key io.Writer) error {
 	var e Entry
-	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return fmt.Errorf("rootfs: image %s: %w", image, err)
-		}
-		rel, err := filepath.Rel(root, p)
-		if err != nil {
-			return fmt.Errorf("rootfs: image %s: %w", image, err)
-		}
-		if rel == "." {
-			return nil
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return fmt.Errorf("rootfs: image %s: %w", image, err)
-		}
-		if err := dirEntry(p, filepath.ToSlash(rel), fi, image, &e); err != nil {
+	err := walkTree(root, func(dir *os.File, name, rel string, fi fs.FileInfo) error {
+		if err := dirEntry(dir, name, rel, fi, image, &e); err != nil {
 			return err
 		}
 		if key != nil {
@@ -53,7 +41,7 @@ func walkDirHashing(root, image string, fn func(*Entry, io.Reader) error, key io
 		if !e.IsRegular() {
 			return fn(&e, nil)
 		}
-		r := &lazyFile{path: p, fi: fi, image: image}
+		r := &lazyFile{dir: dir, name: name, fi: fi, image: image}
 		defer r.close()
 		if key != nil {
 			r.sum = sha256.New()
@@ -71,12 +59,18 @@ func walkDirHashing(root, image string, fn func(*Entry, io.Reader) error, key io
 		}
 		return nil
 	})
+	if err != nil && !strings.HasPrefix(err.Error(), "rootfs: ") {
+		return fmt.Errorf("rootfs: image %s: %w", image, err)
+	}
+	return err
 }
 
-// lazyFile opens a directory IMAGE's regular file on its first Read, so a
-// walk that only wants metadata (Usage) opens nothing.
+// lazyFile opens a directory IMAGE's regular file (name in the open
+// directory dir) on its first Read, so a walk that only wants metadata
+// (Usage) opens nothing.
 type lazyFile struct {
-	path  string
+	dir   *os.File
+	name  string
 	fi    fs.FileInfo
 	image string
 	f     *os.File
@@ -86,11 +80,11 @@ type lazyFile struct {
 
 func (l *lazyFile) Read(p []byte) (int, error) {
 	if l.r == nil {
-		f, err := openNoFollow(l.path, l.fi)
+		f, err := openAt(l.dir, l.name, l.fi, 0)
 		if err != nil {
 			return 0, fmt.Errorf("rootfs: image %s: %w", l.image, err)
 		}
-		l.f, l.r = f, &exactReader{r: f, left: l.fi.Size(), name: l.path}
+		l.f, l.r = f, &exactReader{r: f, left: l.fi.Size(), name: f.Name()}
 	}
 	n, err := l.r.Read(p)
 	if l.sum != nil {
@@ -105,8 +99,9 @@ func (l *lazyFile) close() {
 	}
 }
 
-// dirEntry fills e from a host file's Lstat information.
-func dirEntry(p, rel string, fi fs.FileInfo, image string, e *Entry) error {
+// dirEntry fills e from the stat information fi of the entry name of the
+// open directory dir, rel its name in IMAGE.
+func dirEntry(dir *os.File, name, rel string, fi fs.FileInfo, image string, e *Entry) error {
 	*e = Entry{Name: rel, Mode: fi.Mode()}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		e.UID, e.GID = int(st.Uid), int(st.Gid)
@@ -118,31 +113,13 @@ func dirEntry(p, rel string, fi fs.FileInfo, image string, e *Entry) error {
 	case fi.Mode().IsRegular():
 		e.Size = fi.Size()
 	case fi.Mode()&fs.ModeSymlink != 0:
-		target, err := os.Readlink(p)
+		target, err := readlinkAt(dir, name)
 		if err != nil {
 			return fmt.Errorf("rootfs: image %s: %w", image, err)
 		}
 		e.Link = target
 	}
 	return nil
-}
-
-// openNoFollow opens the regular file p without following a symlink and
-// without blocking on a FIFO, and checks it is the file fi describes.
-func openNoFollow(p string, fi fs.FileInfo) (*os.File, error) {
-	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, err
-	}
-	now, err := f.Stat()
-	if err == nil && (!now.Mode().IsRegular() || !os.SameFile(now, fi)) {
-		err = fmt.Errorf("%s changed while the image was read", p)
-	}
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	return f, nil
 }
 
 // exactReader yields exactly left bytes of r: a file that shrank since it

@@ -19,7 +19,7 @@ import (
 // then checks COMMAND without reading the image. A directory IMAGE needs
 // none (lookups Lstat the host directory).
 
-const indexMagic = "hpcvmm-rootfs-index v1"
+const indexMagic = "hpcvmm-rootfs-index v2"
 
 // SaveIndex writes the image's index to w (walking the image first if no
 // complete walk has yet). A directory IMAGE writes only the header.
@@ -45,7 +45,7 @@ func (im *Image) SaveIndex(w io.Writer) error {
 			}
 			fmt.Fprintf(bw, "%s %d %d %d %d %d %d %d %s\n", strconv.Quote(e.Name), uint32(e.Mode), e.Size, e.UID, e.GID, hl, e.DevMajor, e.DevMinor, strconv.Quote(e.Link))
 		}
-		fmt.Fprintf(bw, "usage %d %d %d\n", im.usage.Entries, im.usage.Bytes, im.usage.Memory)
+		fmt.Fprintf(bw, "usage %d %d %d %d\n", im.usage.Entries, im.usage.Bytes, im.usage.Memory, im.usage.Archive)
 	}
 	return bw.Flush()
 }
@@ -68,7 +68,7 @@ func (im *Image) LoadIndex(r io.Reader) error {
 	for line := 2; sc.Scan(); line++ {
 		l := sc.Text()
 		if strings.HasPrefix(l, "usage ") {
-			if _, err := fmt.Sscanf(l, "usage %d %d %d", &u.Entries, &u.Bytes, &u.Memory); err != nil {
+			if _, err := fmt.Sscanf(l, "usage %d %d %d %d", &u.Entries, &u.Bytes, &u.Memory, &u.Archive); err != nil {
 				return fmt.Errorf("rootfs: index line %d: %w", line, err)
 			}
 			done = true

@@ -16,8 +16,9 @@
 // it is refused all the same, with the entry and IMAGE named, because such
 // an image is broken or hostile. Symbolic links stay links (their targets,
 // absolute ones included, are resolved in the guest, never on the host); a
-// directory IMAGE is walked with Lstat and its files opened with
-// O_NOFOLLOW. Lookups inside the image (LookPath, ReadFiles) resolve
+// directory IMAGE is walked by file descriptor, each entry stat'ed and
+// opened relative to its open parent without following a symlink
+// (fdwalk.go), so no path component is resolved twice. Lookups inside the image (LookPath, ReadFiles) resolve
 // symlinks against the image's own root.
 package rootfs
 
@@ -33,7 +34,6 @@ import (
 	"io/fs"
 	"os"
 	"path"
-	"path/filepath"
 	"strings"
 	"sync"
 
@@ -328,19 +328,8 @@ func (im *Image) keyDir(h io.Writer, memo HashMemo) error {
 	}
 	buf := make([]byte, 1<<20)
 	var e Entry
-	return filepath.WalkDir(im.path, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return fmt.Errorf("rootfs: image %s: %w", im.path, err)
-		}
-		rel, err := filepath.Rel(im.path, p)
-		if err != nil || rel == "." {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return fmt.Errorf("rootfs: image %s: %w", im.path, err)
-		}
-		if err := dirEntry(p, filepath.ToSlash(rel), fi, im.path, &e); err != nil {
+	err := walkTree(im.path, func(dir *os.File, name, rel string, fi fs.FileInfo) error {
+		if err := dirEntry(dir, name, rel, fi, im.path, &e); err != nil {
 			return err
 		}
 		dirKeyEntry(h, &e)
@@ -348,16 +337,17 @@ func (im *Image) keyDir(h io.Writer, memo HashMemo) error {
 			return nil
 		}
 		open := func() (io.ReadCloser, error) {
-			f, err := openNoFollow(p, fi)
+			f, err := openAt(dir, name, fi, 0)
 			if err != nil {
 				return nil, err
 			}
 			return struct {
 				io.Reader
 				io.Closer
-			}{&exactReader{r: f, left: fi.Size(), name: p}, f}, nil
+			}{&exactReader{r: f, left: fi.Size(), name: f.Name()}, f}, nil
 		}
 		var sum [sha256.Size]byte
+		var err error
 		if tm != nil {
 			sum, err = tm.Sum(e.Name, fi, open)
 		} else {
@@ -369,6 +359,10 @@ func (im *Image) keyDir(h io.Writer, memo HashMemo) error {
 		dirKeySum(h, sum)
 		return nil
 	})
+	if err != nil && !strings.HasPrefix(err.Error(), "rootfs: ") {
+		return fmt.Errorf("rootfs: image %s: %w", im.path, err)
+	}
+	return err
 }
 
 // dirKeyEntry and dirKeySum write an entry's metadata and a regular

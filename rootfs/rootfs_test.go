@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -386,7 +387,9 @@ func TestUsageOfArchive(t *testing.T) {
 	require.NoError(t, err)
 	u, err := im.Usage()
 	require.NoError(t, err)
-	require.Equal(t, Usage{Entries: 3, Bytes: 10, Memory: 3*EntryOverhead + 2*PageSize}, u, "a hard link counts as a copy")
+	// newc: a 110-byte header and "a\x00" padded to 112, then the content
+	// padded to 8 (a and its copy b) or the link target to 4 (c).
+	require.Equal(t, Usage{Entries: 3, Bytes: 10, Memory: 3*EntryOverhead + 2*PageSize, Archive: 120 + 120 + 116}, u, "a hard link counts as a copy")
 	got, err := im.LookPath("b", "/")
 	require.ErrorIs(t, err, ErrNotExecutable, got)
 }
@@ -526,4 +529,62 @@ func TestContainerKeyIsTheConfigDigest(t *testing.T) {
 	require.Equal(t, oci.cfgDigest, docker.cfgDigest, "the same image saved two ways has one config")
 	cn, _ := img.ConfigName()
 	require.Equal(t, cn, oci.cfgDigest)
+}
+
+// lstatBeneath never follows a symlink on the way: a directory of IMAGE
+// that is (or was swapped for) a link out of IMAGE is not a directory.
+func TestLstatBeneathFollowsNoLink(t *testing.T) {
+	root, outside := t.TempDir(), t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(outside, "f"), []byte("secret"), 0o600))
+	require.NoError(t, os.Symlink(outside, filepath.Join(root, "link")))
+	require.NoError(t, os.Mkdir(filepath.Join(root, "d"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "d", "f"), []byte("public"), 0o644))
+	_, _, err := lstatBeneath(root, "link/f")
+	require.ErrorIs(t, err, syscall.ENOTDIR)
+	dir, fi, err := lstatBeneath(root, "d/f")
+	require.NoError(t, err)
+	defer dir.Close()
+	require.Equal(t, int64(6), fi.Size())
+	dir2, fi, err := lstatBeneath(root, "link")
+	require.NoError(t, err)
+	defer dir2.Close()
+	require.Equal(t, fs.ModeSymlink, fi.Mode().Type())
+
+	im, err := Open(root)
+	require.NoError(t, err)
+	got, err := im.ReadFiles([]string{"/d/f", "/link/f"}, 100)
+	require.NoError(t, err)
+	require.Equal(t, map[string][]byte{"/d/f": []byte("public")}, got,
+		"/link's absolute target is resolved inside the image (where it does not exist), never on the host")
+}
+
+// Issue 30 item 4: names past PATH_MAX or MaxDepth components are refused
+// by every format: a tar entry, a symlink target, a directory IMAGE.
+func TestNameLimits(t *testing.T) {
+	deep := strings.Repeat("d/", MaxDepth) + "f"
+	for name, tb := range map[string][]byte{
+		"long name":   tarBytes(t, file(strings.Repeat("x", MaxName+1), "")),
+		"deep name":   tarBytes(t, file(deep, "")),
+		"long target": tarBytes(t, symlink("l", strings.Repeat("x", MaxName+1))),
+	} {
+		t.Run(name, func(t *testing.T) {
+			im, err := Open(writeFile(t, tb))
+			require.NoError(t, err)
+			err = im.Walk(func(*Entry, io.Reader) error { return nil })
+			require.Error(t, err)
+			require.Regexp(t, "PATH_MAX|more than hpcvmm's limit of 256", err.Error())
+		})
+	}
+	// MaxDepth components are fine.
+	im, err := Open(writeFile(t, tarBytes(t, file(strings.Repeat("d/", MaxDepth-1)+"f", "x"))))
+	require.NoError(t, err)
+	require.NoError(t, im.Walk(func(*Entry, io.Reader) error { return nil }))
+
+	root := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(root, strings.Repeat("d/", MaxDepth+1)), 0o755))
+	im, err = Open(root)
+	require.NoError(t, err)
+	err = im.Walk(func(*Entry, io.Reader) error { return nil })
+	require.ErrorContains(t, err, "257 directories deep, more than hpcvmm's limit of 256")
+	require.ErrorContains(t, err, root)
 }

@@ -90,6 +90,12 @@ func tarEntry(hdr *tar.Header, image string, e *Entry) error {
 	if err != nil {
 		return fmt.Errorf("rootfs: image %s: %w: such an entry would escape the root; rebuild the image without it", image, err)
 	}
+	if err := checkNameLimits(name); err != nil {
+		return fmt.Errorf("rootfs: image %s: %w: rebuild the image without it", image, err)
+	}
+	if len(hdr.Linkname) > MaxName {
+		return fmt.Errorf("rootfs: image %s: entry %q links to a target of %d bytes, more than PATH_MAX (%d): rebuild the image without it", image, hdr.Name[:min(len(hdr.Name), 64)], len(hdr.Linkname), MaxName)
+	}
 	if hdr.Uid < 0 || hdr.Gid < 0 || hdr.Uid > 0xffffffff || hdr.Gid > 0xffffffff {
 		return fmt.Errorf("rootfs: image %s: entry %q has owner %d:%d, outside 0..2^32-1: the archive is corrupt", image, hdr.Name, hdr.Uid, hdr.Gid)
 	}

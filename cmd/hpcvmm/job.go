@@ -435,9 +435,9 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, check func(*rootfs
 			fmt.Fprintf(stderr, "hpcvmm run: --rootfs: %v\n", err)
 			return "", 2
 		}
-		// Checked before the build, from IMAGE's index: the archive is
-		// about its content's size.
-		if err := initramfs.Fits(u.Bytes, u.Memory, int64(f.cfg.Memory)); err != nil {
+		// Checked before the build, from IMAGE's index: the archive's
+		// estimate counts names and synthesized parents too.
+		if err := initramfs.Fits(u.Archive, u.Memory, int64(f.cfg.Memory)); err != nil {
 			fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: --memory: %v\n", image, err)
 			return "", 2
 		}

@@ -45,6 +45,14 @@ func SharedDir(t testing.TB) string {
 // root can start a process as another user.
 func RunAs(t testing.TB, uid, gid uint32, env ...string) (string, error) {
 	t.Helper()
+	out, err := CommandAs(t, uid, gid, env...).CombinedOutput()
+	return string(out), err
+}
+
+// CommandAs is RunAs's command, not started: for a child that must run
+// beside the test (hold a lock while the test looks).
+func CommandAs(t testing.TB, uid, gid uint32, env ...string) *exec.Cmd {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		SkipOrFail(t, "needs root to start a process as uid %d", uid)
 	}
@@ -55,8 +63,7 @@ func RunAs(t testing.TB, uid, gid uint32, env ...string) (string, error) {
 	cmd := exec.Command(bin, "-test.run=^$")
 	cmd.Env = append(os.Environ(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid, Groups: []uint32{}}}
-	out, err := cmd.CombinedOutput()
-	return string(out), err
+	return cmd
 }
 
 func copyExecutable(src, dst string) error {
