@@ -150,7 +150,9 @@ func FuzzServer(f *testing.F) {
 		require.NoError(t, err)
 		defer repR.Close()
 		done := make(chan error, 1)
-		go func() { done <- Serve(Export{Root: fx.root}, reqR, repW, fx.options(Options{MaxMessageSize: 64 << 10})) }()
+		go func() {
+			done <- Serve(Export{Root: fx.root}, reqR, repW, fx.options(Options{MaxMessageSize: 64 << 10}))
+		}()
 		go func() { _, _ = io.Copy(io.Discard, repR) }()
 		_, _ = reqW.Write(in)
 		reqW.Close()

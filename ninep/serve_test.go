@@ -256,3 +256,34 @@ func TestErrno(t *testing.T) {
 	assert.Equal(t, linux.EIO, errno(io.ErrUnexpectedEOF))
 	assert.NoError(t, errno(nil))
 }
+
+// tflushMsg is a Tflush with tag tag for oldtag old.
+func tflushMsg(tag, old uint16) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, 9)
+	b = append(b, tflush)
+	b = binary.LittleEndian.AppendUint16(b, tag)
+	return binary.LittleEndian.AppendUint16(b, old)
+}
+
+// A flush of itself, or two flushes of each other, would leave the p9
+// library waiting for ever (found by FuzzServer): the connection must
+// still end when the guest closes it.
+func TestFlushCyclesEnd(t *testing.T) {
+	fx := newFixture(t)
+	for name, in := range map[string][]byte{
+		"self":  tflushMsg(5, 5),
+		"cycle": append(tflushMsg(5, 6), tflushMsg(6, 5)...),
+	} {
+		w, r, done := rawServe(t, fx, Options{})
+		go func() { _, _ = io.Copy(io.Discard, r) }()
+		_, err := w.Write(append(tversionMsg(8192), in...))
+		require.NoError(t, err)
+		w.Close()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: the connection hangs", name)
+		}
+	}
+}
