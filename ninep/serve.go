@@ -13,8 +13,9 @@ import (
 // Message sizes (package documentation: how the default was measured).
 const (
 	// DefaultMessageSize is the msize the server offers at most when
-	// Options.MaxMessageSize is 0.
-	DefaultMessageSize uint32 = 512 << 10
+	// Options.MaxMessageSize is 0: 1 MiB, the most Linux's trans=fd
+	// takes (MAX_SOCK_BUF) and the fastest measured (package doc).
+	DefaultMessageSize uint32 = 1 << 20
 	// MaxMessageSizeLimit is the largest MaxMessageSize: the p9
 	// library's own bound on a message.
 	MaxMessageSizeLimit uint32 = 4 << 20
