@@ -71,6 +71,14 @@ func childFiles(i int) (root, requests, replies *os.File, err error) {
 			return nil, nil, nil, fmt.Errorf("export %d: descriptor %d is of type %#o, want %#o", i, base+j, got, want)
 		}
 		unix.CloseOnExec(base + j)
+		if j > 0 {
+			// Non-blocking, so that os.NewFile makes the pipes
+			// pollable: a request waiting for the guest parks a
+			// goroutine, not a thread.
+			if err := unix.SetNonblock(base+j, true); err != nil {
+				return nil, nil, nil, fmt.Errorf("export %d: descriptor %d: %w", i, base+j, err)
+			}
+		}
 	}
 	return os.NewFile(uintptr(base), "export-"+strconv.Itoa(i)),
 		os.NewFile(uintptr(base+1), "requests-"+strconv.Itoa(i)),

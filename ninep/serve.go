@@ -13,8 +13,9 @@ import (
 // Message sizes (package documentation: how the default was measured).
 const (
 	// DefaultMessageSize is the msize the server offers at most when
-	// Options.MaxMessageSize is 0.
-	DefaultMessageSize uint32 = 512 << 10
+	// Options.MaxMessageSize is 0: 1 MiB, the most Linux's trans=fd
+	// takes (MAX_SOCK_BUF) and the fastest measured (package doc).
+	DefaultMessageSize uint32 = 1 << 20
 	// MaxMessageSizeLimit is the largest MaxMessageSize: the p9
 	// library's own bound on a message.
 	MaxMessageSizeLimit uint32 = 4 << 20
@@ -83,6 +84,9 @@ const (
 	headerLen   = 7
 	tversion    = 100
 	tversionLen = headerLen + 4
+	tflush      = 108
+	tflushLen   = headerLen + 2
+	noTag       = 0xffff
 )
 
 // errTooLarge ends a connection whose guest sent a message over the bound.
@@ -91,7 +95,8 @@ var errTooLarge = errors.New("ninep: message larger than the negotiated bound")
 // limitReader sits between the transport and the p9 library: it checks
 // the size of every message before the library reads it (so a guest
 // cannot make the server allocate more than max for one), and lowers the
-// msize a Tversion proposes to max, which the library then agrees to. It
+// msize a Tversion proposes to max, which the library then agrees to, and
+// keeps a Tflush from waiting on itself or on another flush. It
 // passes the bytes through otherwise, reading the header and Tversion's
 // msize into a small buffer and nothing more: no allocation per message.
 type limitReader struct {
@@ -100,8 +105,9 @@ type limitReader struct {
 	refused func(string, error) error
 
 	hdr     [tversionLen]byte
-	pending []byte // header bytes read but not yet passed on
-	rest    uint32 // bytes of the current message still to pass through
+	flushes [1 << 16]bool // tags whose latest request is a Tflush
+	pending []byte        // header bytes read but not yet passed on
+	rest    uint32        // bytes of the current message still to pass through
 	err     error
 }
 
@@ -149,6 +155,22 @@ func (l *limitReader) nextHeader() error {
 		return fmt.Errorf("%w: %d > %d", errTooLarge, size, l.max)
 	}
 	n := headerLen
+	tag := binary.LittleEndian.Uint16(l.hdr[5:])
+	l.flushes[tag] = l.hdr[4] == tflush
+	if l.hdr[4] == tflush && size >= tflushLen {
+		if _, err := io.ReadFull(l.r, l.hdr[headerLen:tflushLen]); err != nil {
+			return io.ErrUnexpectedEOF
+		}
+		// The p9 library's Tflush waits for the old tag to finish: a
+		// flush of itself, or of a flush that may be waiting in turn,
+		// would wait for ever and hold the connection open. Linux never
+		// flushes a flush; such a flush is pointed at no tag, which the
+		// library answers at once.
+		if old := binary.LittleEndian.Uint16(l.hdr[headerLen:]); old == tag || l.flushes[old] {
+			binary.LittleEndian.PutUint16(l.hdr[headerLen:], noTag)
+		}
+		n = tflushLen
+	}
 	if l.hdr[4] == tversion && size >= tversionLen {
 		if _, err := io.ReadFull(l.r, l.hdr[headerLen:tversionLen]); err != nil {
 			return io.ErrUnexpectedEOF

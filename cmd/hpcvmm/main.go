@@ -49,8 +49,8 @@ func main() {
 	if filepath.Base(os.Args[0]) == agentName {
 		agent.Main()
 	}
-	// And the file server of a job's binds, which hpcvmm run starts as a
-	// child process of its own (package ninep).
+	// So is the 9P file server of -B binds, a child of hpcvmm run
+	// (ninep.Spawn) under its own seccomp list.
 	if filepath.Base(os.Args[0]) == ninep.ChildName {
 		os.Exit(ninep.ChildMain())
 	}
