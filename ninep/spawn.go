@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -63,9 +64,8 @@ type Process struct {
 // ChildName) for exports, each given as its root descriptor and two pipes
 // (the child's descriptors 3+3i, 4+3i, 5+3i), with the read-only flags
 // and bounds as arguments that the child checks. The child is killed if
-// the thread that started it ends (Pdeathsig): call Spawn from a goroutine
-// that is not locked to its thread. Nothing is started when an export or
-// option is unusable.
+// hpcvmm ends (Pdeathsig, from a thread kept for the child's lifetime).
+// Nothing is started when an export or option is unusable.
 func Spawn(self string, exports []Export, o SpawnOptions) (*Process, error) {
 	if len(exports) == 0 {
 		return nil, errors.New("ninep: no export to serve")
@@ -126,7 +126,25 @@ func Spawn(self string, exports []Export, o SpawnOptions) (*Process, error) {
 			Credential: o.Credential,
 		},
 	}
-	err := p.cmd.Start()
+	// Pdeathsig fires when the thread that forked the child ends, not the
+	// process: the Go runtime ends a thread whose goroutine exits locked
+	// to it (vCPU threads, prefault workers), and any thread may be the
+	// one that forks. So the child is started from a goroutine locked to
+	// its thread for as long as the child runs: that thread ends only
+	// with hpcvmm (or after the child).
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		err := p.cmd.Start()
+		started <- err
+		if err != nil {
+			return
+		}
+		p.waitErr = p.cmd.Wait()
+		close(p.done)
+	}()
+	err := <-started
 	// The child has its own copies now; the roots stay the caller's.
 	for i, f := range child {
 		if i%3 != 0 {
@@ -137,10 +155,6 @@ func Spawn(self string, exports []Export, o SpawnOptions) (*Process, error) {
 		p.closeConns()
 		return nil, fmt.Errorf("ninep: start the file server %s: %w", self, err)
 	}
-	go func() {
-		p.waitErr = p.cmd.Wait()
-		close(p.done)
-	}()
 	return p, nil
 }
 

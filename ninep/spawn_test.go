@@ -4,7 +4,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/hugelgupf/p9/p9"
 	"github.com/stretchr/testify/assert"
@@ -158,4 +160,39 @@ func TestSpawnAndChildRefuseBadInput(t *testing.T) {
 	st, err := proc.Wait()
 	require.NoError(t, err)
 	assert.Equal(t, 2, st.ExitCode(), "a regular file as the export's root")
+}
+
+// The child outlives threads the runtime ends: a goroutine that exits
+// locked to its thread (as vCPU threads and prefault workers do) ends that
+// thread, and a Pdeathsig child forked from it would be killed with it.
+func TestSpawnedServerOutlivesEndedThreads(t *testing.T) {
+	fx := newFixture(t)
+	self, err := os.Executable()
+	require.NoError(t, err)
+	p, err := Spawn(self, []Export{{Root: fx.root}}, SpawnOptions{MaxMessageSize: 128 << 10})
+	require.NoError(t, err)
+	defer p.Close()
+	done := make(chan struct{})
+	for range 64 {
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+			done <- struct{}{}
+		}()
+		<-done
+	}
+	time.Sleep(100 * time.Millisecond)
+	select {
+	case <-p.Done():
+		t.Fatal("the file server ended with a thread of hpcvmm's")
+	default:
+	}
+	cl, err := p9.NewClient(connRW{Reader: p.Conns[0].Replies, WriteCloser: p.Conns[0].Requests, r: p.Conns[0].Replies}, p9.WithMessageSize(128<<10))
+	require.NoError(t, err)
+	root, err := cl.Attach("")
+	require.NoError(t, err)
+	f, err := walk(root, "file")
+	require.NoError(t, err)
+	got, err := readAll(f)
+	require.NoError(t, err)
+	assert.Equal(t, "inside", got)
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/spf13/pflag"
@@ -142,8 +143,9 @@ const (
 // bindServer is hpcvmm's 9P file server process for a job's binds, and the
 // console ports that carry its connections.
 type bindServer struct {
-	Ports []console.Port
-	proc  *ninep.Process
+	Ports   []console.Port
+	proc    *ninep.Process
+	closing atomic.Bool
 }
 
 // Close stops the server (after the VM is gone); a server of no binds
@@ -152,6 +154,7 @@ func (s *bindServer) Close() error {
 	if s.proc == nil {
 		return nil
 	}
+	s.closing.Store(true)
 	return s.proc.Close()
 }
 
@@ -192,5 +195,11 @@ func serveJobBinds(opened []binds.Opened, acting *asuser.User, sc vmm.SeccompMod
 		s.Ports = append(s.Ports, console.Port{Name: binds.PortName(i), FromHost: c.Replies, ToHost: c.Requests})
 	}
 	log.Info("job: host directories bound", "binds", describeBinds(opened))
+	go func() {
+		<-p.Done()
+		if !s.closing.Load() {
+			log.Error("job: the file server of the binds ended while the job ran; the guest's file operations on them fail with EIO", "binds", describeBinds(opened))
+		}
+	}()
 	return s, nil
 }
