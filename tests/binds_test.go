@@ -169,7 +169,7 @@ func bindConfinement(t *testing.T, env *harness.Env, root string) {
 		`mknod /data/null c 1 3; echo "mknod=$?"`,
 		`mkfifo /data/fifo; echo "mkfifo=$?"`,
 		// Shell builtins only (no fork per walk: L2 runs under an emulated L1).
-		`i=0; while [ $i -lt 1000 ]; do read -r a </data/d/f && echo "$a"; read -r b </data/swap/f && echo "$b"; i=$((i+1)); done 2>/dev/null | sort | uniq -c`,
+		`i=0; while [ $i -lt 300 ]; do read -r a </data/d/f && echo "$a"; read -r b </data/swap/f && echo "$b"; i=$((i+1)); done 2>/dev/null | sort | uniq -c`,
 	}, "\n")
 	r := runJob(t, env, nil, nil, nil, jobArgs(t, env, "--rootfs", root, "--contain", "-B", src+":/data", "--", "sh", "-c", script)...)
 	close(stop)
