@@ -130,10 +130,11 @@ func prepare(s *jobproto.Start) error {
 	if warn, err := doMounts(hugeMounts(hugePageSizes(s.HugePageSizes))); err != nil || warn != nil {
 		return fmt.Errorf("hugetlbfs: %w", firstErr(err, warn))
 	}
-	if len(s.Interfaces) > 0 || len(s.DNS) > 0 {
-		if err := configureNetwork(s); err != nil {
-			return err
-		}
+	// Always, also without interfaces: it brings lo up, which anything
+	// that talks to localhost needs (an Open MPI singleton finds no
+	// network interface without it).
+	if err := configureNetwork(s); err != nil {
+		return err
 	}
 	return nil
 }

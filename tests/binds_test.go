@@ -120,6 +120,15 @@ func TestJobsBinds(t *testing.T) {
 		})
 
 		t.Run("confinement", func(t *testing.T) { bindConfinement(t, env, root) })
+
+		// Issue 35: a job without --net still has its loopback interface
+		// up: a listener on 127.0.0.1 in the guest is reachable.
+		t.Run("loopback-without-net", func(t *testing.T) {
+			r := runJob(t, env, nil, nil, nil, jobArgs(t, env, "--rootfs", root, "--contain", "--",
+				"sh", "-c", `nc -l -p 5000 >/tmp/got & sleep 1; echo over-loopback | nc -w 5 127.0.0.1 5000; wait; cat /tmp/got`)...)
+			require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+			assert.Equal(t, "over-loopback\n", r.stdout)
+		})
 	})
 }
 
