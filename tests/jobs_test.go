@@ -429,17 +429,22 @@ func TestJobsNet(t *testing.T) {
 // TestJobsTTY: hpcvmm's stdin a terminal (a pty here, 40x120): COMMAND gets
 // a pty in the guest of that size, stdout and stderr both on it, and
 // hpcvmm restores the terminal and exits with COMMAND's status.
+// ensureDevpts mounts a devpts where there is none: L1's /init mounts no
+// devpts, and /dev/ptmx opens the devpts beside it, so a terminal needs one.
+func ensureDevpts(t *testing.T) {
+	t.Helper()
+	if mounts, _ := os.ReadFile("/proc/mounts"); !strings.Contains(string(mounts), " /dev/pts devpts ") {
+		require.NoError(t, os.MkdirAll("/dev/pts", 0o755))
+		require.NoError(t, unix.Mount("devpts", "/dev/pts", "devpts", 0, "ptmxmode=0666"))
+	}
+	if _, err := os.Stat("/dev/ptmx"); err != nil {
+		require.NoError(t, os.Symlink("pts/ptmx", "/dev/ptmx"))
+	}
+}
+
 func TestJobsTTY(t *testing.T) {
 	harness.Run(t, harness.ProfileJobs, func(t *testing.T, env *harness.Env) {
-		if mounts, _ := os.ReadFile("/proc/mounts"); !strings.Contains(string(mounts), " /dev/pts devpts ") {
-			// L1's /init mounts no devpts, and /dev/ptmx opens the
-			// devpts beside it: the terminal needs one.
-			require.NoError(t, os.MkdirAll("/dev/pts", 0o755))
-			require.NoError(t, unix.Mount("devpts", "/dev/pts", "devpts", 0, "ptmxmode=0666"))
-		}
-		if _, err := os.Stat("/dev/ptmx"); err != nil {
-			require.NoError(t, os.Symlink("pts/ptmx", "/dev/ptmx"))
-		}
+		ensureDevpts(t)
 		root := busyboxRootfs(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()

@@ -5,16 +5,13 @@ package tests
 import (
 	"context"
 	"io"
-	"os"
 	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/creack/pty"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/hpcvmm/hpcvmm/internal/testenv"
 	"github.com/hpcvmm/hpcvmm/tests/harness"
@@ -32,13 +29,7 @@ var hostileSequences = []string{"\x1b]52;", "\x1b]0;", "\x1b[21t"}
 // while the text around them does.
 func TestJobsGuestTextOnATerminal(t *testing.T) {
 	harness.Run(t, harness.ProfileJobs, func(t *testing.T, env *harness.Env) {
-		if mounts, _ := os.ReadFile("/proc/mounts"); !strings.Contains(string(mounts), " /dev/pts devpts ") {
-			require.NoError(t, os.MkdirAll("/dev/pts", 0o755))
-			require.NoError(t, unix.Mount("devpts", "/dev/pts", "devpts", 0, "ptmxmode=0666"))
-		}
-		if _, err := os.Stat("/dev/ptmx"); err != nil {
-			require.NoError(t, os.Symlink("pts/ptmx", "/dev/ptmx"))
-		}
+		ensureDevpts(t)
 		root := busyboxRootfs(t)
 		onTerminal := func(args ...string) (string, int) {
 			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
