@@ -129,10 +129,11 @@ func outer(ctx context.Context, o options) (*Report, error) {
 			return rep, err
 		}
 	}
-	mpiOnly := slices.Equal(o.cases, []string{caseMPI})
+	// The mpi and binds cases have no gokvm run: built only for others.
+	ownOnly := len(o.cases) > 0 && !slices.ContainsFunc(o.cases, func(c string) bool { return c != caseMPI && c != caseBinds })
 	var gokvm, gokvmVersion string
 	var gokvmErr error
-	if !mpiOnly {
+	if !ownOnly {
 		gokvm, gokvmVersion, gokvmErr = buildGoKVM(ctx, benchCache, o.gokvm)
 		if gokvmErr != nil {
 			progress("gokvm did not build: %v", gokvmErr)
