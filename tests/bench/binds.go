@@ -211,7 +211,9 @@ func bindsArgv(cfg Config, vmm, root, dir string) ([]string, error) {
 	}
 	for _, v := range bindsVariants() {
 		if v.name() == vmm {
-			return append(jobBaseArgv(cfg, 1, root), "--contain", "-B", dir+":/data",
+			// Shared, as QEMU's vCPU is, and the test bed's mode
+			// (harness.TestbedCPUMode says why).
+			return append(jobBaseArgv(cfg, 1, root), "--cpu-mode", harness.TestbedCPUMode, "--contain", "-B", dir+":/data",
 				"--bind-msize", sizeName(v.msize), "--bind-cache", v.cache, "--", "/bin/fsbench", "/data"), nil
 		}
 	}

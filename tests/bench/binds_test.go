@@ -80,6 +80,7 @@ func TestBindsArgv(t *testing.T) {
 	j := strings.Join(a, " ")
 	assert.Contains(t, j, "--rootfs /root --contain -B /d:/data --bind-msize 128K --bind-cache mmap -- /bin/fsbench /data")
 	assert.Contains(t, j, "--hugepages 2M")
+	assert.Contains(t, j, "--cpu-mode shared")
 	a, err = bindsArgv(cfg, vmmBindsQEMU, "/root", "/d")
 	require.NoError(t, err)
 	j = strings.Join(a, " ")
