@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/hpcvmm/hpcvmm/agent"
+	"github.com/hpcvmm/hpcvmm/ninep"
 )
 
 // agentName is the name under which this binary is the guest agent.
@@ -47,6 +48,11 @@ func main() {
 	// /.hpcvmm/hpcvmm-agent and the kernel starts it as init (rdinit=).
 	if filepath.Base(os.Args[0]) == agentName {
 		agent.Main()
+	}
+	// And the file server of a job's binds, which hpcvmm run starts as a
+	// child process of its own (package ninep).
+	if filepath.Base(os.Args[0]) == ninep.ChildName {
+		os.Exit(ninep.ChildMain())
 	}
 	os.Exit(dispatch(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
