@@ -19,9 +19,9 @@ const (
 	// MaxMessageSizeLimit is the largest MaxMessageSize: the p9
 	// library's own bound on a message.
 	MaxMessageSizeLimit uint32 = 4 << 20
-	// minMessageSize is the smallest msize that carries a useful read
+	// MinMessageSize is the smallest MaxMessageSize: the smallest msize that carries a useful read
 	// (the p9 client asks for 4 KiB at least).
-	minMessageSize uint32 = 4 << 10
+	MinMessageSize uint32 = 4 << 10
 )
 
 // Export is one bound directory: SRC's root descriptor and whether the
@@ -39,8 +39,8 @@ func (o Options) messageSize() (uint32, error) {
 	switch m := o.MaxMessageSize; {
 	case m == 0:
 		return DefaultMessageSize, nil
-	case m < minMessageSize || m > MaxMessageSizeLimit:
-		return 0, fmt.Errorf("ninep: message size %d out of range: give %d to %d bytes", m, minMessageSize, MaxMessageSizeLimit)
+	case m < MinMessageSize || m > MaxMessageSizeLimit:
+		return 0, fmt.Errorf("ninep: message size %d out of range: give %d to %d bytes", m, MinMessageSize, MaxMessageSizeLimit)
 	default:
 		return m, nil
 	}

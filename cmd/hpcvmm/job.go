@@ -210,7 +210,7 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 		spec.TTY = true
 		spec.Rows, spec.Cols = terminalSize(stdout)
 	}
-	spec.Mounts = binds.Mounts(opened, bindMSize, bindCache)
+	spec.Mounts = binds.Mounts(opened, jf.mountMSize, jf.mountCache)
 	j, err := job.New(spec, job.Streams{Stdin: stdin, Stdout: stdout, Stderr: stderr},
 		job.Options{ShutdownTimeout: f.shutdownTimeout, Log: log})
 	if err != nil {
@@ -232,7 +232,7 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 		cfg.ConsolePorts = append(cfg.ConsolePorts, pmiPorts(step, log)...)
 	}
 
-	server, err := serveJobBinds(opened, acting, f.cfg.Seccomp, logOut, log)
+	server, err := serveJobBinds(opened, jf.mountMSize, acting, f.cfg.Seccomp, logOut, log)
 	if err != nil {
 		return fail(jobproto.CodeAgentFailed, "%v", err)
 	}

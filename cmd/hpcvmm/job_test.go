@@ -127,6 +127,10 @@ func TestJobBindInputErrors(t *testing.T) {
 		{job("--bind", "--gpu"), []string{"--bind-devices"}},
 		{[]string{"run", "--kernel", kernel, "--bind=true"}, []string{"--bind-devices"}},
 		{[]string{"run", "--kernel", kernel, "--bind", src}, []string{"give it after --"}},
+		{job("-B", src+":/d", "--bind-msize", "1K"), []string{"--bind-msize 1024", "4096 to 4194304"}},
+		{job("-B", src+":/d", "--bind-msize", "8M"), []string{"--bind-msize 8388608"}},
+		{job("-B", src+":/d", "--bind-cache", "mmap,rw"), []string{`--bind-cache "mmap,rw"`, "none, loose, fscache, mmap"}},
+		{job("-B", src+":/d", "--bind-cache", "readahead"), []string{`--bind-cache "readahead"`}},
 	} {
 		code, _, errOut := hpcvmm(c.args...)
 		assert.Equal(t, 2, code, "%v: %s", c.args, errOut)
@@ -137,4 +141,31 @@ func TestJobBindInputErrors(t *testing.T) {
 	}
 	_, err := os.Stat(cache)
 	assert.True(t, os.IsNotExist(err), "no cache made for refused input")
+}
+
+// TestBindTuning: the hidden --bind-msize and --bind-cache (the bench's
+// knobs) give the binds' mount settings; without them the defaults.
+func TestBindTuning(t *testing.T) {
+	var f bindFlags
+	m, c, err := f.tuning()
+	require.NoError(t, err)
+	assert.Equal(t, uint32(bindMSize), m)
+	assert.Equal(t, bindCache, c)
+	for _, tc := range []struct {
+		msize string
+		want  uint32
+	}{{"128K", 128 << 10}, {"1M", 1 << 20}, {"4096", 4096}, {"4M", 4 << 20}} {
+		fs := newFlagSet("t")
+		var f bindFlags
+		addBindTuningFlags(fs, &f)
+		require.NoError(t, fs.Parse([]string{"--bind-msize", tc.msize, "--bind-cache", "loose"}))
+		m, c, err := f.tuning()
+		require.NoError(t, err, tc.msize)
+		assert.Equal(t, tc.want, m, tc.msize)
+		assert.Equal(t, "loose", c)
+	}
+	for _, bad := range []bindFlags{{msize: 4095}, {msize: 4<<20 + 1}, {cache: "mmap,rw"}, {cache: "Loose"}} {
+		_, _, err := bad.tuning()
+		assert.Error(t, err, "%+v", bad)
+	}
 }

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"syscall"
 
@@ -27,6 +29,15 @@ type bindFlags struct {
 	contain       bool
 	withBinds     bool // set once the binds are opened: the guest needs 9P
 	defaults      bool // the default binds apply (a --rootfs job)
+	// msize and cache are the hidden bench/test knobs --bind-msize and
+	// --bind-cache (addBindTuningFlags); zero values mean bindMSize and
+	// bindCache.
+	msize uint64
+	cache string
+	// mountMSize and mountCache are what the binds get, checked
+	// (jobUserAndBinds).
+	mountMSize uint32
+	mountCache string
 }
 
 // addBindFlags defines -B/--bind, --no-home, --no-cwd and --contain.
@@ -140,6 +151,38 @@ const (
 	bindCache = "mmap"
 )
 
+// bindCacheModes are the cache modes of the guest kernel's 9P client
+// (Linux 6.1: Documentation/filesystems/9p.rst) --bind-cache accepts.
+var bindCacheModes = []string{"none", "loose", "fscache", "mmap"}
+
+// addBindTuningFlags defines the hidden --bind-msize and --bind-cache: the
+// knobs docs/benchmarks.md's "9P binds" measurement varies (tests/bench
+// -cases binds). They are not for users: the defaults are the measured
+// choice.
+func addBindTuningFlags(fs *pflag.FlagSet, f *bindFlags) {
+	fs.Var(sizeValue{&f.msize}, "bind-msize", "9P message size of the binds, with a K or M suffix (bench and tests; default 512K)")
+	fs.StringVar(&f.cache, "bind-cache", "", "cache mode of the guest's 9P client for the binds: none, loose, fscache or mmap (bench and tests; default mmap)")
+}
+
+// tuning returns the binds' message size and cache mode, checked: the
+// hidden flags' values or the defaults.
+func (f *bindFlags) tuning() (msize uint32, cache string, err error) {
+	msize, cache = bindMSize, bindCache
+	if f.msize != 0 {
+		if f.msize < uint64(ninep.MinMessageSize) || f.msize > uint64(ninep.MaxMessageSizeLimit) {
+			return 0, "", fmt.Errorf("--bind-msize %d: want %d to %d bytes (a K or M suffix is fine)", f.msize, ninep.MinMessageSize, ninep.MaxMessageSizeLimit)
+		}
+		msize = uint32(f.msize)
+	}
+	if f.cache != "" {
+		if !slices.Contains(bindCacheModes, f.cache) {
+			return 0, "", fmt.Errorf("--bind-cache %q: want one of %s", f.cache, strings.Join(bindCacheModes, ", "))
+		}
+		cache = f.cache
+	}
+	return msize, cache, nil
+}
+
 // bindServer is hpcvmm's 9P file server process for a job's binds, and the
 // console ports that carry its connections.
 type bindServer struct {
@@ -161,6 +204,10 @@ func (s *bindServer) Close() error {
 // jobUserAndBinds settles whom COMMAND runs as (jobIdentity) and opens the
 // job's binds as that user; the defaults apply to a --rootfs job.
 func jobUserAndBinds(jf *jobFlags, spec *job.Spec, acting *asuser.User, log *slog.Logger) ([]binds.Opened, error) {
+	var err error
+	if jf.mountMSize, jf.mountCache, err = jf.tuning(); err != nil {
+		return nil, err
+	}
 	home := jobIdentity(spec, jf.user, acting)
 	jf.defaults = jf.rootfs != ""
 	return openJobBinds(&jf.bindFlags, spec, acting, home, log)
@@ -170,7 +217,7 @@ func jobUserAndBinds(jf *jobFlags, spec *job.Spec, acting *asuser.User, log *slo
 // its own (hpcvmm's binary as hpcvmm-9p), with acting's rights when hpcvmm
 // acts for a user, under a seccomp list of its own unless --seccomp off;
 // its refusals go to logOut.
-func serveJobBinds(opened []binds.Opened, acting *asuser.User, sc vmm.SeccompMode, logOut io.Writer, log *slog.Logger) (*bindServer, error) {
+func serveJobBinds(opened []binds.Opened, msize uint32, acting *asuser.User, sc vmm.SeccompMode, logOut io.Writer, log *slog.Logger) (*bindServer, error) {
 	if len(opened) == 0 {
 		return &bindServer{}, nil
 	}
@@ -182,7 +229,7 @@ func serveJobBinds(opened []binds.Opened, acting *asuser.User, sc vmm.SeccompMod
 	for i, o := range opened {
 		exports[i] = ninep.Export{Root: o.Root, ReadOnly: o.ReadOnly}
 	}
-	opts := ninep.SpawnOptions{Log: logOut, MaxMessageSize: bindMSize, Seccomp: sc != vmm.SeccompOff}
+	opts := ninep.SpawnOptions{Log: logOut, MaxMessageSize: msize, Seccomp: sc != vmm.SeccompOff}
 	if acting != nil {
 		opts.Credential = &syscall.Credential{Uid: acting.UID, Gid: acting.GID, Groups: append([]uint32{}, acting.Groups...)}
 	}

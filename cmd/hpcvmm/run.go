@@ -117,6 +117,7 @@ func newRunCommand() (*command, *runFlags) {
 		fs.BoolVar(&f.consoleRaw, "console-raw", false, "pass the guest's console output to a terminal unfiltered; by default terminal control sequences that could harm the terminal (title and clipboard sets, status reports, mode switches) are dropped (docs/hardening.md)")
 		fs.StringVar(&f.cfg.RunDir, "run-dir", "", "run directory of the CPU claims (tests; default /run/hpcvmm)")
 		fs.Var(apicIDsValue{&f.cfg.APICIDs}, "apic-ids", "APIC ID of each vCPU, e.g. 0,256 (tests of x2APIC-only IDs)")
+		addBindTuningFlags(fs, &f.job.bindFlags)
 	})
 	return c.done(), f
 }

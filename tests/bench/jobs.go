@@ -671,7 +671,7 @@ func errString(err error) string {
 
 // jobCases are the cases of this file; jobOnly reports whether cases
 // selects nothing else (the report then shows only their tables).
-var jobCases = []string{caseJob, caseJobBuild, casePingPong, caseMPI}
+var jobCases = []string{caseJob, caseJobBuild, casePingPong, caseMPI, caseBinds}
 
 func jobOnly(cases []string) bool {
 	if len(cases) == 0 {
@@ -791,6 +791,7 @@ func renderJobs(rep *Report, ix statIndex, where, whereText string) string {
 		}
 	}
 	b.WriteString(renderMPI(ix, where, whereText))
+	b.WriteString(renderBinds(rep, ix, where, whereText))
 	return b.String()
 }
 

@@ -107,7 +107,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.memoryMiB, "memory", o.memoryMiB, "guest RAM of the launch case in MiB")
 	fs.StringVar(&o.render, "render", "", "only re-render the Markdown of an earlier bench-*.json to stdout")
 	fs.StringVar(&o.launchPages, "launch-pages", o.launchPages, "guest RAM of the booting cases: 2M (hpcvmm --hugepages 2M, QEMU a prefaulted 2 MiB hugetlb memfd backend) or 4K (hpcvmm --hugepages none, QEMU its default RAM)")
-	cases := fs.String("cases", "", "comma-separated cases to run: launch, defaults, memory, net, console, prefault, dma-map, prefault-scaling, job, job-build, pingpong, mpi (default: all but mpi; prefault-scaling alone builds nothing and needs only hugepages; mpi boots an L1 of its own with the Slurm cluster)")
+	cases := fs.String("cases", "", "comma-separated cases to run: launch, defaults, memory, net, console, prefault, dma-map, prefault-scaling, job, job-build, pingpong, mpi, binds (default: all but mpi and binds; prefault-scaling alone builds nothing and needs only hugepages; mpi boots an L1 of its own with the Slurm cluster; binds: 9P binds against QEMU's virtio-9p, binds.go)")
 	fs.IntVar(&o.scaling.gib, "scaling-gib", o.scaling.gib, "prefault-scaling: guest RAM per run in GiB (the case is specified at 16 or more)")
 	fs.IntVar(&o.scaling.node, "scaling-node", o.scaling.node, "prefault-scaling: NUMA node for the RAM and the workers' CPUs (-1: the node of the first CPU this process may use)")
 	fs.IntVar(&o.scaling.rounds, "scaling-rounds", o.scaling.rounds, "prefault-scaling: measured rounds per worker count and page size")
@@ -119,10 +119,10 @@ func parseFlags(args []string) (options, error) {
 	if *cases != "" {
 		for _, c := range strings.Split(*cases, ",") {
 			switch c = strings.TrimSpace(c); c {
-			case caseLaunch, caseDefaults, caseMemory, caseNet, caseConsole, casePrefault, caseDMAMap, casePrefaultScaling, caseJob, caseJobBuild, casePingPong, caseMPI:
+			case caseLaunch, caseDefaults, caseMemory, caseNet, caseConsole, casePrefault, caseDMAMap, casePrefaultScaling, caseJob, caseJobBuild, casePingPong, caseMPI, caseBinds:
 				o.cases = append(o.cases, c)
 			default:
-				return o, fmt.Errorf("-cases: unknown case %q: want launch, defaults, memory, net, console, prefault, dma-map, prefault-scaling, job, job-build, pingpong or mpi", c)
+				return o, fmt.Errorf("-cases: unknown case %q: want launch, defaults, memory, net, console, prefault, dma-map, prefault-scaling, job, job-build, pingpong, mpi or binds", c)
 			}
 		}
 	}

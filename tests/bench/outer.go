@@ -17,14 +17,16 @@ import (
 
 // Paths inside the L1 image.
 const (
-	l1BenchDir   = "/hpcvmm/bench"
-	l1ConfigPath = l1BenchDir + "/config.json"
-	l1GoKVM      = l1BenchDir + "/gokvm"
-	l1JobInitrd  = l1BenchDir + "/job-qemu.cpio" // the job case's QEMU initramfs
-	l1PingPong   = l1BenchDir + "/pingpong"      // tests/guest/pingpong
-	l1Busybox    = "/bin/busybox"                // L1's own (tests/harness)
-	l1QEMU       = "/usr/bin/qemu-system-x86_64"
-	benchTest    = "bench" // the "test" name of the suite's result records
+	l1BenchDir    = "/hpcvmm/bench"
+	l1ConfigPath  = l1BenchDir + "/config.json"
+	l1GoKVM       = l1BenchDir + "/gokvm"
+	l1JobInitrd   = l1BenchDir + "/job-qemu.cpio"   // the job case's QEMU initramfs
+	l1PingPong    = l1BenchDir + "/pingpong"        // tests/guest/pingpong
+	l1FSBench     = l1BenchDir + "/fsbench"         // tests/guest/fsbench
+	l1BindsInitrd = l1BenchDir + "/binds-qemu.cpio" // the binds case's QEMU initramfs
+	l1Busybox     = "/bin/busybox"                  // L1's own (tests/harness)
+	l1QEMU        = "/usr/bin/qemu-system-x86_64"
+	benchTest     = "bench" // the "test" name of the suite's result records
 )
 
 // qemuFirmware are the firmware files QEMU loads for the machines the
@@ -127,10 +129,11 @@ func outer(ctx context.Context, o options) (*Report, error) {
 			return rep, err
 		}
 	}
-	mpiOnly := slices.Equal(o.cases, []string{caseMPI})
+	// The mpi and binds cases have no gokvm run: built only for others.
+	ownOnly := len(o.cases) > 0 && !slices.ContainsFunc(o.cases, func(c string) bool { return c != caseMPI && c != caseBinds })
 	var gokvm, gokvmVersion string
 	var gokvmErr error
-	if !mpiOnly {
+	if !ownOnly {
 		gokvm, gokvmVersion, gokvmErr = buildGoKVM(ctx, benchCache, o.gokvm)
 		if gokvmErr != nil {
 			progress("gokvm did not build: %v", gokvmErr)
@@ -165,9 +168,15 @@ func outer(ctx context.Context, o options) (*Report, error) {
 	if gokvmErr != nil {
 		cfg.GoKVMError = gokvmErr.Error()
 	}
-	if cfg.wants(caseJob) || cfg.wants(casePingPong) {
+	if cfg.wants(caseJob) || cfg.wants(casePingPong) || wantsBinds(o.cases) {
 		if err := buildJobArtifacts(benchCache, &cfg); err != nil {
 			return rep, err
+		}
+	}
+	if wantsBinds(o.cases) {
+		buildBindsArtifacts(benchCache, &cfg)
+		if cfg.FSBenchError != "" {
+			progress("the binds case's guest programs did not build: %s", cfg.FSBenchError)
 		}
 	}
 	cfg.NetAvailable = netUnavailable(art.HPCVMM)
@@ -266,6 +275,14 @@ func runInL1(ctx context.Context, o options, art harness.L1Artifacts, inner stri
 	if cfg.PingPong != "" {
 		l1.PingPong = l1PingPong
 	}
+	if cfg.FSBench != "" {
+		l1.FSBench, l1.BindsQEMUInitrd = l1FSBench, l1BindsInitrd
+		// One run: a boot (10-20 s in L1) and fsbench's 256 + 64 MiB
+		// and 1,000 files through the emulated devices: 221 s for
+		// hpcvmm at 512K/mmap in L1 on 2026-11-27 (a small message
+		// size takes more round trips).
+		l1.BindsTimeout = 8 * time.Minute
+	}
 	// The job cases: a warm-up and 2 runs per rep, and 2 pinger runs
 	// per rep, of 10-20 s each in L1.
 	l1.JobSec = 60 * (1 + o.reps)
@@ -341,14 +358,14 @@ func bootL1Once(ctx context.Context, art harness.L1Artifacts, inner string, prof
 		// Every run announces itself on the result port; silence for
 		// longer than the longest run (a DMA-map run: its limit plus the
 		// minute its VMM gets to unpin and exit) means L1 itself hung.
-		Idle: max(l1.VMTimeout, l1.NetTimeout, l1.ConsoleLimit, l1.DMAMap.Timeout+time.Minute, l1.MPITimeout+30*time.Second) + 30*time.Second,
+		Idle: max(l1.VMTimeout, l1.NetTimeout, l1.ConsoleLimit, l1.DMAMap.Timeout+time.Minute, l1.MPITimeout+30*time.Second, l1.BindsTimeout) + 30*time.Second,
 		// A frozen L1 says so on its console long before the idle limit:
 		// seen twice on 2026-11-24, both CPUs in a soft lockup that only
 		// grew (22 s, 48 s, ... 205 s) until the idle limit killed it.
 		SoftLockup: time.Minute,
 		Extra: func(im *harness.Image) error {
 			im.AddBytes(l1ConfigPath, cfgJSON, 0o644)
-			if l1.wants(caseJob) || l1.wants(casePingPong) {
+			if l1.wants(caseJob) || l1.wants(casePingPong) || wantsBinds(l1.Cases) {
 				// What hpcvmm run --rootfs takes from the host for the
 				// guest: its kernel's modules.
 				if err := harness.AddJobModules(im); err != nil {
@@ -360,6 +377,10 @@ func bootL1Once(ctx context.Context, art harness.L1Artifacts, inner string, prof
 			}
 			if cfg.PingPong != "" {
 				im.AddFile(l1PingPong, cfg.PingPong, 0o755)
+			}
+			if cfg.FSBench != "" {
+				im.AddFile(l1FSBench, cfg.FSBench, 0o755)
+				im.AddFile(l1BindsInitrd, cfg.BindsQEMUInitrd, 0o644)
 			}
 			if cfg.GoKVM != "" {
 				im.AddFile(l1GoKVM, cfg.GoKVM, 0o755)

@@ -16,50 +16,54 @@ import (
 // Config is what one run of the suite does, on the host or inside L1 (where
 // it arrives as /hpcvmm/bench/config.json).
 type Config struct {
-	Where         string          `json:"where"`                     // whereL1 or whereHost
-	Reps          int             `json:"reps"`                      // runs per case and VMM
-	BudgetSec     int             `json:"budget_s"`                  // the whole suite's time limit
-	PrefaultSec   int             `json:"prefault_s"`                // time kept for the prefault cases
-	VMTimeout     time.Duration   `json:"vm_timeout_ns"`             // one boot's limit
-	VMStall       time.Duration   `json:"vm_stall_ns"`               // a boot whose console is silent this long is stuck
-	PrefaultReps  int             `json:"prefault_reps"`             // runs per prefault case and VMM
-	WarmUpMiB     int             `json:"warm_up_mib"`               // 4 KiB memory touched once before the launches
-	Kernel        string          `json:"kernel"`                    // the L2 kernel: Debian's stock bzImage
-	Initrd        string          `json:"initrd"`                    // the L2 initramfs (tests/guest/init)
-	Cmdline       string          `json:"cmdline"`                   // the L2 kernel command line, the same for every VMM
-	MemoryMiB     int             `json:"memory_mib"`                // L2 RAM
-	HPCVMM        string          `json:"hpcvmm"`                    // static hpcvmm
-	QEMU          string          `json:"qemu"`                      // qemu-system-x86_64
-	GoKVM         string          `json:"gokvm"`                     // gokvm, empty when it did not build
-	GoKVMError    string          `json:"gokvm_error"`               // why gokvm is missing
-	VMMs          []string        `json:"vmms"`                      // launch case VMMs, hpcvmm first
-	Last          []string        `json:"last"`                      // VMMs whose launches run at the very end
-	LastSec       int             `json:"last_s"`                    // time kept for them
-	Prefault      []PrefaultSpec  `json:"prefault"`                  // prefault cases
-	QEMUAccel     string          `json:"qemu_accel"`                // accelerator for QEMU's machine-less prefault runs
-	NetAvailable  string          `json:"net_available"`             // "" or why the virtio-net case cannot run
-	NetMiB        int             `json:"net_mib"`                   // bytes each way per network run
-	NetReps       int             `json:"net_reps"`                  // runs per network configuration
-	NetSec        int             `json:"net_s"`                     // time kept for the network case
-	NetTimeout    time.Duration   `json:"net_timeout_ns"`            // one network run's limit
-	DMA           string          `json:"dma_unavailable"`           // why the VFIO DMA-map case cannot run
-	DMAMap        DMAMapConfig    `json:"dma_map"`                   // the VFIO DMA-map case (dmamap.go)
-	LaunchPages   string          `json:"launch_pages"`              // guest RAM of the booting cases: pages2M or pages4K ("": 4K, older reports)
-	ConsoleReps   int             `json:"console_reps"`              // runs per VMM of the virtio-console case
-	ConsoleSec    int             `json:"console_s"`                 // time kept for the console case
-	ConsoleLimit  time.Duration   `json:"console_timeout_ns"`        // one console run's limit
-	DefaultsSec   int             `json:"defaults_s"`                // time kept for the defaults case
-	MemorySec     int             `json:"memory_s"`                  // time kept for the VMM-memory case
-	Cases         []string        `json:"cases"`                     // which cases run: launch, defaults, memory, net, console, prefault, dma-map, job, job-build, pingpong
-	Busybox       string          `json:"busybox,omitempty"`         // static busybox for the job cases' rootfs
-	JobQEMUInitrd string          `json:"job_qemu_initrd,omitempty"` // the job case's QEMU initramfs (/init: true, poweroff)
-	PingPong      string          `json:"pingpong,omitempty"`        // the static pinger (tests/guest/pingpong)
-	PingPongError string          `json:"pingpong_error,omitempty"`  // why it is missing
-	JobSec        int             `json:"job_s,omitempty"`           // time kept for the job and pingpong cases
-	MPITimeout    time.Duration   `json:"mpi_timeout_ns,omitempty"`  // one srun of the mpi case (mpi.go)
-	Done          map[string]bool `json:"done,omitempty"`            // samples an earlier L1 boot already took (sampleKey)
-	FailedVMMs    map[string]bool `json:"failed,omitempty"`          // case|VMM pairs that failed in an earlier L1 boot
-	FailedRuns    map[string]int  `json:"failed_runs,omitempty"`     // how many runs of each case|VMM failed there
+	Where           string          `json:"where"`                       // whereL1 or whereHost
+	Reps            int             `json:"reps"`                        // runs per case and VMM
+	BudgetSec       int             `json:"budget_s"`                    // the whole suite's time limit
+	PrefaultSec     int             `json:"prefault_s"`                  // time kept for the prefault cases
+	VMTimeout       time.Duration   `json:"vm_timeout_ns"`               // one boot's limit
+	VMStall         time.Duration   `json:"vm_stall_ns"`                 // a boot whose console is silent this long is stuck
+	PrefaultReps    int             `json:"prefault_reps"`               // runs per prefault case and VMM
+	WarmUpMiB       int             `json:"warm_up_mib"`                 // 4 KiB memory touched once before the launches
+	Kernel          string          `json:"kernel"`                      // the L2 kernel: Debian's stock bzImage
+	Initrd          string          `json:"initrd"`                      // the L2 initramfs (tests/guest/init)
+	Cmdline         string          `json:"cmdline"`                     // the L2 kernel command line, the same for every VMM
+	MemoryMiB       int             `json:"memory_mib"`                  // L2 RAM
+	HPCVMM          string          `json:"hpcvmm"`                      // static hpcvmm
+	QEMU            string          `json:"qemu"`                        // qemu-system-x86_64
+	GoKVM           string          `json:"gokvm"`                       // gokvm, empty when it did not build
+	GoKVMError      string          `json:"gokvm_error"`                 // why gokvm is missing
+	VMMs            []string        `json:"vmms"`                        // launch case VMMs, hpcvmm first
+	Last            []string        `json:"last"`                        // VMMs whose launches run at the very end
+	LastSec         int             `json:"last_s"`                      // time kept for them
+	Prefault        []PrefaultSpec  `json:"prefault"`                    // prefault cases
+	QEMUAccel       string          `json:"qemu_accel"`                  // accelerator for QEMU's machine-less prefault runs
+	NetAvailable    string          `json:"net_available"`               // "" or why the virtio-net case cannot run
+	NetMiB          int             `json:"net_mib"`                     // bytes each way per network run
+	NetReps         int             `json:"net_reps"`                    // runs per network configuration
+	NetSec          int             `json:"net_s"`                       // time kept for the network case
+	NetTimeout      time.Duration   `json:"net_timeout_ns"`              // one network run's limit
+	DMA             string          `json:"dma_unavailable"`             // why the VFIO DMA-map case cannot run
+	DMAMap          DMAMapConfig    `json:"dma_map"`                     // the VFIO DMA-map case (dmamap.go)
+	LaunchPages     string          `json:"launch_pages"`                // guest RAM of the booting cases: pages2M or pages4K ("": 4K, older reports)
+	ConsoleReps     int             `json:"console_reps"`                // runs per VMM of the virtio-console case
+	ConsoleSec      int             `json:"console_s"`                   // time kept for the console case
+	ConsoleLimit    time.Duration   `json:"console_timeout_ns"`          // one console run's limit
+	DefaultsSec     int             `json:"defaults_s"`                  // time kept for the defaults case
+	MemorySec       int             `json:"memory_s"`                    // time kept for the VMM-memory case
+	Cases           []string        `json:"cases"`                       // which cases run: launch, defaults, memory, net, console, prefault, dma-map, job, job-build, pingpong
+	Busybox         string          `json:"busybox,omitempty"`           // static busybox for the job cases' rootfs
+	JobQEMUInitrd   string          `json:"job_qemu_initrd,omitempty"`   // the job case's QEMU initramfs (/init: true, poweroff)
+	PingPong        string          `json:"pingpong,omitempty"`          // the static pinger (tests/guest/pingpong)
+	PingPongError   string          `json:"pingpong_error,omitempty"`    // why it is missing
+	JobSec          int             `json:"job_s,omitempty"`             // time kept for the job and pingpong cases
+	MPITimeout      time.Duration   `json:"mpi_timeout_ns,omitempty"`    // one srun of the mpi case (mpi.go)
+	FSBench         string          `json:"fsbench,omitempty"`           // the binds case's static tests/guest/fsbench (binds.go)
+	FSBenchError    string          `json:"fsbench_error,omitempty"`     // why it or the QEMU guest is missing
+	BindsQEMUInitrd string          `json:"binds_qemu_initrd,omitempty"` // the binds case's QEMU initramfs
+	BindsTimeout    time.Duration   `json:"binds_timeout_ns,omitempty"`  // one run of the binds case
+	Done            map[string]bool `json:"done,omitempty"`              // samples an earlier L1 boot already took (sampleKey)
+	FailedVMMs      map[string]bool `json:"failed,omitempty"`            // case|VMM pairs that failed in an earlier L1 boot
+	FailedRuns      map[string]int  `json:"failed_runs,omitempty"`       // how many runs of each case|VMM failed there
 }
 
 // sink receives the suite's output as it is produced: inside L1 each piece
@@ -168,6 +172,10 @@ func runSuite(ctx context.Context, cfg Config, out sink) {
 		jcancel()
 	} else if cfg.wants(caseJob) || cfg.wants(casePingPong) {
 		out.note("job and pingpong cases: skipped on this host (no usable hardware /dev/kvm; they run inside L1)")
+	}
+	// The binds case runs only when named (binds.go).
+	if canBoot && wantsBinds(cfg.Cases) {
+		runBinds(ctx, cfg, out)
 	}
 	// The mpi case runs only when named, in the Slurm L1 (mpi.go).
 	if canBoot && wantsMPI(cfg.Cases) {
