@@ -20,7 +20,7 @@ import (
 const ChildName = "hpcvmm-9p"
 
 // closeWait is how long Close waits for the child to end after closing
-// its connections before it kills it.
+// its connections.
 const closeWait = 5 * time.Second
 
 // SpawnOptions configure the file server's child process.
@@ -53,11 +53,10 @@ type Conn struct {
 type Process struct {
 	Conns []Conn
 
-	cmd     *exec.Cmd
-	done    chan struct{}
-	waitErr error
-	once    sync.Once
-	err     error
+	cmd  *exec.Cmd
+	done chan struct{}
+	once sync.Once
+	err  error
 }
 
 // Spawn starts hpcvmm's binary self as the file server (argv[0]
@@ -115,12 +114,23 @@ func Spawn(self string, exports []Export, o SpawnOptions) (*Process, error) {
 	if log == nil {
 		log = io.Discard
 	}
+	// The child's stderr is a pipe of our own: its end of file says the
+	// child has ended. hpcvmm never waits for the child (waitid, wait4):
+	// the VMM's seccomp list has neither, and a wait interrupted by a
+	// signal (srun's SIGTERM) is restarted under that list and kills
+	// hpcvmm with SIGSYS. The child stays a zombie until hpcvmm exits.
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		closeAll()
+		p.closeConns()
+		return nil, fmt.Errorf("ninep: pipe: %w", err)
+	}
 	p.cmd = &exec.Cmd{
 		Path:       self,
 		Args:       args,
 		Env:        []string{},
 		ExtraFiles: child,
-		Stderr:     log,
+		Stderr:     errW,
 		SysProcAttr: &syscall.SysProcAttr{
 			Pdeathsig:  syscall.SIGKILL,
 			Credential: o.Credential,
@@ -129,8 +139,8 @@ func Spawn(self string, exports []Export, o SpawnOptions) (*Process, error) {
 	// Pdeathsig fires when the thread that forked the child ends, not the
 	// process: the Go runtime ends a thread whose goroutine exits locked
 	// to it (vCPU threads, prefault workers), and any thread may be the
-	// one that forks. So the child is started from a goroutine locked to
-	// its thread for as long as the child runs: that thread ends only
+	// one that forks. So the child is started from a goroutine that keeps
+	// its thread locked until the child has ended: that thread ends only
 	// with hpcvmm (or after the child).
 	started := make(chan error, 1)
 	go func() {
@@ -141,10 +151,10 @@ func Spawn(self string, exports []Export, o SpawnOptions) (*Process, error) {
 		if err != nil {
 			return
 		}
-		p.waitErr = p.cmd.Wait()
-		close(p.done)
+		<-p.done
 	}()
-	err := <-started
+	err = <-started
+	errW.Close()
 	// The child has its own copies now; the roots stay the caller's.
 	for i, f := range child {
 		if i%3 != 0 {
@@ -152,9 +162,15 @@ func Spawn(self string, exports []Export, o SpawnOptions) (*Process, error) {
 		}
 	}
 	if err != nil {
+		errR.Close()
 		p.closeConns()
 		return nil, fmt.Errorf("ninep: start the file server %s: %w", self, err)
 	}
+	go func() {
+		_, _ = io.Copy(log, errR)
+		errR.Close()
+		close(p.done)
+	}()
 	return p, nil
 }
 
@@ -165,24 +181,22 @@ func (p *Process) closeConns() {
 	}
 }
 
-// Done is closed when the child has ended.
+// Done is closed when the child has ended (its stderr reached end of
+// file).
 func (p *Process) Done() <-chan struct{} { return p.done }
 
-// Close ends the file server: its connections are closed (the child
-// serves what it has and exits), and a child still running after a few
-// seconds is killed. It returns how the child ended (nil for a clean
-// exit) and the same on every call.
+// Close ends the file server: its connections are closed, so the child
+// serves what it has and exits. A child still running after a few seconds
+// is left to Pdeathsig (it ends with hpcvmm: killing it from here would
+// need a syscall the VMM's seccomp list does not have) and reported. It
+// returns the same on every call.
 func (p *Process) Close() error {
 	p.once.Do(func() {
 		p.closeConns()
 		select {
 		case <-p.done:
 		case <-time.After(closeWait):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-		if p.waitErr != nil {
-			p.err = fmt.Errorf("ninep: file server: %w", p.waitErr)
+			p.err = fmt.Errorf("ninep: the file server (pid %d) did not end within %v of its connections closing; it ends with hpcvmm", p.cmd.Process.Pid, closeWait)
 		}
 	})
 	return p.err

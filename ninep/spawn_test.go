@@ -1,10 +1,15 @@
 package ninep
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,7 +28,89 @@ func TestMain(m *testing.M) {
 	if filepath.Base(os.Args[0]) == ChildName {
 		os.Exit(ChildMain())
 	}
+	if dir := os.Getenv(underVMMFilterEnv); dir != "" {
+		if err := serveUnderVMMFilter(dir); err != nil {
+			fmt.Println("child error:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	os.Exit(m.Run())
+}
+
+// underVMMFilterEnv makes the test binary serveUnderVMMFilter's child.
+const underVMMFilterEnv = "NINEP_TEST_UNDER_VMM_FILTER"
+
+// serveUnderVMMFilter is hpcvmm run's life with a file server: Spawn, then
+// the VMM's process-wide seccomp list, signals (srun's SIGTERM, the job's
+// forwarded ones) while the child serves, a request, Close. A syscall
+// outside the list kills this process with SIGSYS.
+func serveUnderVMMFilter(dir string) error {
+	root, err := os.OpenFile(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	p, err := Spawn(self, []Export{{Root: root}}, SpawnOptions{MaxMessageSize: 64 << 10, Seccomp: true})
+	if err != nil {
+		return err
+	}
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGUSR1)
+	if err := seccomp.InstallProcess(seccomp.Kill); err != nil {
+		return err
+	}
+	for range 8 {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGTERM)
+		_ = syscall.Kill(os.Getpid(), syscall.SIGUSR1)
+		<-sigs
+		<-sigs
+		time.Sleep(20 * time.Millisecond)
+	}
+	cl, err := p9.NewClient(connRW{Reader: p.Conns[0].Replies, WriteCloser: p.Conns[0].Requests, r: p.Conns[0].Replies}, p9.WithMessageSize(64<<10))
+	if err != nil {
+		return err
+	}
+	rootFile, err := cl.Attach("")
+	if err != nil {
+		return err
+	}
+	f, err := walk(rootFile, "file")
+	if err != nil {
+		return err
+	}
+	if got, err := readAll(f); err != nil || got != "inside" {
+		return fmt.Errorf("read %q, %v", got, err)
+	}
+	if err := p.Close(); err != nil {
+		return err
+	}
+	select {
+	case <-p.Done():
+		return nil
+	default:
+		return errors.New("Close returned before the child ended")
+	}
+}
+
+// The file server's parent lives under the VMM's process-wide seccomp list
+// and gets signals while the child runs: nothing it does for the child
+// (no wait: waitid is not on the list, and a signal restarts a wait in
+// progress under it) kills it with SIGSYS.
+func TestSpawnUnderTheVMMFilter(t *testing.T) {
+	if _, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_GET_ACTION_AVAIL, 0, 0); e == unix.ENOSYS {
+		testenv.SkipOrFail(t, "this kernel has no seccomp filter mode")
+	}
+	fx := newFixture(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), underVMMFilterEnv+"="+fx.export)
+	out, _ := cmd.CombinedOutput()
+	ws := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	require.False(t, ws.Signaled(), "hpcvmm's stand-in was killed by %v (SIGSYS: a syscall outside the VMM's list):\n%s", ws.Signal(), out)
+	require.Equal(t, 0, ws.ExitStatus(), "%s", out)
 }
 
 // connRW joins a Conn's two pipes into the client's one connection.

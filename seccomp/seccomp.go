@@ -74,6 +74,12 @@ var lists = map[Kind][]string{
 		"rt_sigreturn", "rt_sigprocmask", "rt_sigaction", "sigaltstack",
 		"getpid", "gettid", "tgkill", "kill",
 		"clone", "exit", "exit_group",
+		// A sleep (nanosleep, a timed futex or poll) that a signal
+		// interrupted without running a handler on that thread resumes
+		// through restart_syscall, which only continues the interrupted
+		// call: without it a signal to hpcvmm at the wrong moment (srun's
+		// SIGTERM to a job step) killed it with SIGSYS.
+		"restart_syscall",
 		// Naming a vCPU thread (PR_SET_NAME only, argRules).
 		"prctl",
 		"sched_getaffinity", "sched_setaffinity",
@@ -122,6 +128,8 @@ var lists = map[Kind][]string{
 		"mmap", "munmap", "madvise",
 		"rt_sigreturn", "rt_sigprocmask", "rt_sigaction", "sigaltstack",
 		"getpid", "gettid", "tgkill", "exit", "exit_group",
+		// The resumption of a sleep a signal interrupted (see Process).
+		"restart_syscall",
 		// A GC started by an allocation on this thread restarts the world
 		// from it, and that polls the network poller without waiting
 		// (found by the unit test's runtime.GC on a locked thread).
