@@ -48,9 +48,19 @@ type slurmOutput struct {
 // returns its output; stdin is /dev/null.
 func runSlurm(t *testing.T, timeout time.Duration, name string, args ...string) slurmOutput {
 	t.Helper()
+	return runSlurmWith(t, timeout, nil, name, args...)
+}
+
+// runSlurmWith is runSlurm with setup applied to the command before it
+// starts (its user, directory, environment).
+func runSlurmWith(t *testing.T, timeout time.Duration, setup func(*exec.Cmd), name string, args ...string) slurmOutput {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
+	if setup != nil {
+		setup(cmd)
+	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	// srun forwards SIGTERM to the step, which stops hpcvmm cleanly.
