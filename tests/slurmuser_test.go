@@ -97,8 +97,8 @@ echo "after owner=$(cat /sys/class/net/$tap/owner)"
 			tap := harness.SlurmTAP(job, "n1")
 			assert.Contains(t, o.stdout, "job="+job+" tap="+tap+" owner="+uid+" master="+harness.SlurmBridge+"\n",
 				"the Prolog made the job's user a TAP on the bridge")
+			require.Contains(t, o.stdout, "hpcvmm exit 0\n", "hpcvmm as %s on the Prolog's TAP\n--- stderr ---\n%s", harness.SlurmUser, harness.Tail(o.stderr, 40))
 			assert.Contains(t, o.stdout, mac+"\n", "the guest's interface is the TAP's, with the MAC given")
-			assert.Contains(t, o.stdout, "hpcvmm exit 0\n")
 			assert.Contains(t, o.stdout, "after owner="+uid+"\n", "hpcvmm left the TAP for the Epilog")
 			assertEpilogDone(t, job, "n1")
 		})

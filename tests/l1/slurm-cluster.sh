@@ -55,6 +55,10 @@ chown $SLURM_TEST_UID:$SLURM_TEST_UID /home/$SLURM_TEST_USER
 chmod 755 /home /home/$SLURM_TEST_USER
 chown root:kvm /dev/kvm
 chmod 660 /dev/kvm
+# L1 has devtmpfs but no udev: /dev/net/tun is 0600 there. udev's default
+# rules (50-udev-default.rules: KERNEL=="tun", MODE="0666") open it to
+# every user, so that a TAP's owner can attach to it (TUNSETIFF).
+chmod 666 /dev/net/tun
 # hpcvmm where a site installs it: the Prolog and Epilog call it by name.
 ln -sf /hpcvmm/bin/hpcvmm /usr/sbin/hpcvmm
 echo 'passwd: files
