@@ -33,7 +33,7 @@ const nvmeOffKiBSlurm = 6144
 // of seconds of emulated time, two of them at once more; on a
 // loaded machine L1 has measured minutes for prefaulting 1 GiB (by L1's
 // clock, which then ran fast: its TSC calibration was off). It stays well
-// under the L1 boot's own limit (l1Timeout; HPCVMM_L1_TIMEOUT=35m for the profile's five
+// under the L1 boot's own limit (l1Timeout, 15m for the profile's five
 // scenarios) and the stall watchdog's 8 minutes without L1 output, so that
 // a step that hangs is stopped and its output printed while L1 still runs.
 const slurmTimeout = 6 * time.Minute
