@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/slurm"
 )
@@ -174,6 +176,14 @@ func RestoreStale(opts Options, bdfs ...host.BDF) (StaleReport, error) {
 	} else if err != nil {
 		return rep, err
 	}
+	// One restore at a time: two Epilogs on a node (two jobs ending, or
+	// the nodes of one job that share a host) would otherwise undo the
+	// same journal twice, and the second find its TAP or file gone midway.
+	unlock, err := lockStateDir(opts.StateDir)
+	if err != nil {
+		return rep, err
+	}
+	defer unlock()
 	ents, err := os.ReadDir(opts.StateDir)
 	if err != nil {
 		return rep, fmt.Errorf("hoststate: list %s: %w", opts.StateDir, err)
@@ -197,6 +207,9 @@ func RestoreStale(opts Options, bdfs ...host.BDF) (StaleReport, error) {
 		}
 		path := filepath.Join(opts.StateDir, e.Name())
 		f, err := readJournal(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // its hpcvmm restored and removed it since the listing
+		}
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -230,6 +243,26 @@ func RestoreStale(opts Options, bdfs ...host.BDF) (StaleReport, error) {
 		}
 	}
 	return rep, errors.Join(errs...)
+}
+
+// lockStateDir takes an exclusive flock(2) on the state directory for one
+// RestoreStale, waiting for another to finish, and returns its release.
+func lockStateDir(dir string) (func(), error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("hoststate: open state directory %s to lock it: %w", dir, err)
+	}
+	for {
+		err = unix.Flock(fd, unix.LOCK_EX)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("hoststate: lock state directory %s: %w", dir, err)
+	}
+	return func() { unix.Close(fd) }, nil
 }
 
 // removeStaleTemp removes a journal's temporary file (".tmp-<pid>-…", see

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -326,4 +327,68 @@ func TestRestoreStaleRemovesTemporaryFilesOfGoneProcesses(t *testing.T) {
 	require.NoError(t, err)
 	assert.NoFileExists(t, gone)
 	assert.FileExists(t, live)
+}
+
+// TestConcurrentEpilogsRestoreOnce: two Epilogs of one job on one host (the
+// nodes of a multi-node job that share it, or an Epilog racing an
+// administrator's hpcvmm unbind) undo its journals once: the second
+// RestoreStale waits for the first and then finds nothing left, instead of
+// undoing the same changes again or failing on a journal removed under it.
+// A journal whose hpcvmm removed it after the listing is skipped, not an
+// error (which would fail the Epilog and drain the node).
+func TestConcurrentEpilogsRestoreOnce(t *testing.T) {
+	k := newKernel(t)
+	k.loadDriver(VFIODriver)
+	k.addDevice("0000:00:05.0", "nvme", "nvme")
+	k.addDevice("0000:00:06.0", "nvme", "nvme")
+	state := t.TempDir()
+	opts := func(pid int) Options {
+		o := k.opts(t, state, pid)
+		o.Getenv = env("SLURM_JOB_ID", "100")
+		return o
+	}
+	for i, bdf := range []string{"0000:00:05.0", "0000:00:06.0"} {
+		j := Open(opts(deadPID(t)))
+		require.NoError(t, j.Bind(mustBDF(t, bdf)))
+		// Names that fix the listing's order: 1-….json first.
+		require.NoError(t, os.Rename(j.Path(), filepath.Join(state, fmt.Sprintf("%d-journal.json", i+1))))
+	}
+	// A live hpcvmm's journal (this process) that it restores and removes
+	// itself while the Epilog works on the first journal.
+	live := Open(opts(os.Getpid()))
+	live.f.Changes = []Change{{Kind: KindPCIBind, BDF: "0000:00:05.0", OriginalDriver: "nvme"}}
+	require.NoError(t, live.save())
+	require.NoError(t, os.Rename(live.Path(), filepath.Join(state, "3-live.json")))
+
+	second := make(chan error, 1)
+	var secondRep StaleReport
+	started := false
+	k.before = func(string) {
+		if started {
+			return
+		}
+		started = true
+		require.NoError(t, os.Remove(filepath.Join(state, "3-live.json")))
+		go func() {
+			var err error
+			secondRep, err = RestoreStale(opts(os.Getpid() + 1))
+			second <- err
+		}()
+		select {
+		case err := <-second:
+			t.Errorf("a second restore ran while the first was undoing (err %v)", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	rep, err := RestoreStale(opts(os.Getpid() + 1))
+	require.NoError(t, err, "the removed journal is no error")
+	assert.Len(t, rep.Restored, 2, "both journals of the job")
+	require.NoError(t, <-second)
+	assert.Empty(t, secondRep.Restored, "nothing undone twice")
+	assert.Empty(t, secondRep.Skipped)
+	assert.Equal(t, "nvme", k.driver("0000:00:05.0"))
+	assert.Equal(t, "nvme", k.driver("0000:00:06.0"))
+	ents, err := os.ReadDir(state)
+	require.NoError(t, err)
+	assert.Empty(t, ents, "every journal gone")
 }

@@ -33,7 +33,7 @@ const nvmeOffKiBSlurm = 6144
 // of seconds of emulated time, two of them at once more; on a
 // loaded machine L1 has measured minutes for prefaulting 1 GiB (by L1's
 // clock, which then ran fast: its TSC calibration was off). It stays well
-// under the L1 boot's own limit (l1Timeout, 15m for the profile's four
+// under the L1 boot's own limit (l1Timeout, 15m for the profile's five
 // scenarios) and the stall watchdog's 8 minutes without L1 output, so that
 // a step that hangs is stopped and its output printed while L1 still runs.
 const slurmTimeout = 6 * time.Minute
@@ -48,9 +48,19 @@ type slurmOutput struct {
 // returns its output; stdin is /dev/null.
 func runSlurm(t *testing.T, timeout time.Duration, name string, args ...string) slurmOutput {
 	t.Helper()
+	return runSlurmWith(t, timeout, nil, name, args...)
+}
+
+// runSlurmWith is runSlurm with setup applied to the command before it
+// starts (its user, directory, environment).
+func runSlurmWith(t *testing.T, timeout time.Duration, setup func(*exec.Cmd), name string, args ...string) slurmOutput {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
+	if setup != nil {
+		setup(cmd)
+	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	// srun forwards SIGTERM to the step, which stops hpcvmm cleanly.

@@ -98,7 +98,7 @@ func OpenTAPQueue(name string, flags uint16) (*TAPQueue, error) {
 	}
 	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("tun: open /dev/net/tun: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrOpenTunDevice, err)
 	}
 	r.Flags = flags
 	if _, err := ioctlPtr(fd, tunSetIFF, unsafe.Pointer(&r)); err != nil {
@@ -107,6 +107,12 @@ func OpenTAPQueue(name string, flags uint16) (*TAPQueue, error) {
 	}
 	return &TAPQueue{fd: fd}, nil
 }
+
+// ErrOpenTunDevice is what OpenTAPQueue's error wraps (errors.Is) when
+// /dev/net/tun itself could not be opened, before any TAP was asked for:
+// callers tell a device node closed to the user from a TAP it may not
+// attach to.
+var ErrOpenTunDevice = errors.New("tun: open /dev/net/tun")
 
 // ErrTAPExists is returned by CreatePersistentTAP when the name is a
 // persistent TAP already: it was not made now, and nothing was changed.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 )
 
 // The loopback Slurm cluster of ProfileSlurm inside L1.
@@ -18,6 +19,13 @@ const (
 	SlurmNodes = "n[1-2]"
 	// SlurmNodeMemMiB is each node's RealMemory in slurm.conf.
 	SlurmNodeMemMiB = 2048
+	// SlurmUser is the unprivileged user of the cluster's jobs, with
+	// SlurmUID as its uid and (its own group) gid, in L1's /etc/passwd and
+	// /etc/group, and a member of the kvm group (SlurmKVMGID), which
+	// /dev/kvm is given to (rw for the group).
+	SlurmUser   = "hpcuser"
+	SlurmUID    = 4250
+	SlurmKVMGID = 4251
 )
 
 // l1SlurmCluster is where the cluster start script is in the L1 image.
@@ -32,7 +40,9 @@ const l1SlurmCluster = "/hpcvmm/slurm/cluster.sh"
 // /dev/vfio/<group> files (tests/l1/slurm-cluster.sh). Both devices are on
 // vfio-pci from the setup on and stay there: slurmd reads each GRES file's
 // device number when it starts, which is what a job's device cgroup
-// denies. The bridge module (SlurmBridge) comes with it.
+// denies. The bridge module (SlurmBridge) comes with it. slurm.conf's
+// Prolog and Epilog are docs/slurm.md's (SlurmDocScripts), and the jobs'
+// unprivileged user SlurmUser is in the kvm group /dev/kvm is given to.
 //
 // Slurm's programs, their plugins and shared libraries are packed only
 // into this profile's initramfs (Files), about 11 MiB, with the job guest's
@@ -78,6 +88,7 @@ g=$(readlink /sys/bus/pci/devices/` + EduBDF + `/iommu_group); GPU_GROUP=${g##*/
 g=$(readlink /sys/bus/pci/devices/` + NVMeVFBDF + `/iommu_group); NIC_GROUP=${g##*/}
 [ -c /dev/vfio/$GPU_GROUP ] && [ -c /dev/vfio/$NIC_GROUP ] || { echo "no /dev/vfio/$GPU_GROUP or /dev/vfio/$NIC_GROUP"; exit 1; }
 SLURM_BRIDGE=` + SlurmBridge + ` SLURM_BRIDGE_ADDR=` + SlurmBridgeAddr + `
+SLURM_TEST_USER=` + SlurmUser + ` SLURM_TEST_UID=` + strconv.Itoa(SlurmUID) + ` SLURM_KVM_GID=` + strconv.Itoa(SlurmKVMGID) + `
 . ` + l1SlurmCluster
 
 // Slurm's and munge's programs the cluster and the scenarios run; slurmd
@@ -117,5 +128,5 @@ func addSlurm(im *Image) error {
 		}
 	}
 	im.AddFile(l1SlurmCluster, filepath.Join(root, "tests", "l1", "slurm-cluster.sh"), 0o644)
-	return nil
+	return addSlurmDocScripts(im, root)
 }

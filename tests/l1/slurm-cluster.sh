@@ -7,9 +7,12 @@
 # slurmd stats each gres.conf File= when it starts (its device numbers are
 # what the cgroup's device list denies), so the groups must exist by then.
 #
-# In: GPU_GROUP, NIC_GROUP (the two devices' VFIO groups). Out: /etc/slurm
-# (slurm.conf, gres.conf, cgroup.conf), logs under /var/log/slurm and
-# /var/log/munge, the daemons running. L1 has no systemd: the daemons are
+# In: GPU_GROUP, NIC_GROUP (the two devices' VFIO groups), SLURM_BRIDGE and
+# SLURM_BRIDGE_ADDR, and the jobs' unprivileged user (SLURM_TEST_USER,
+# SLURM_TEST_UID, SLURM_KVM_GID). Out: /etc/slurm (slurm.conf, gres.conf,
+# cgroup.conf, the Prolog and Epilog of docs/slurm.md in prolog.d and
+# epilog.d), logs under /var/log/slurm and /var/log/munge, the daemons
+# running. L1 has no systemd: the daemons are
 # started here, as root (SlurmUser=root; munged with --force, since its
 # ownership checks expect a munge user that the initramfs does not need).
 
@@ -31,14 +34,33 @@ hostname localhost
 cat >/etc/hosts <<'EOF'
 127.0.0.1 localhost
 EOF
-cat >/etc/passwd <<'EOF'
+: "${SLURM_TEST_USER:?}" "${SLURM_TEST_UID:?}" "${SLURM_KVM_GID:?}"
+# The jobs' user: slurmctld and slurmd look the job's uid up, slurmstepd
+# gives the step the user's groups from /etc/group (initgroups), and munge
+# authenticates any local uid. /dev/kvm is the kvm group's, as a node's udev
+# rule makes it, and the user is in that group.
+cat >/etc/passwd <<EOF
 root:x:0:0:root:/tmp:/bin/sh
+$SLURM_TEST_USER:x:$SLURM_TEST_UID:$SLURM_TEST_UID:job user:/home/$SLURM_TEST_USER:/bin/sh
 nobody:x:65534:65534:nobody:/nonexistent:/bin/false
 EOF
-cat >/etc/group <<'EOF'
+cat >/etc/group <<EOF
 root:x:0:
+$SLURM_TEST_USER:x:$SLURM_TEST_UID:
+kvm:x:$SLURM_KVM_GID:$SLURM_TEST_USER
 nogroup:x:65534:
 EOF
+mkdir -p /home/$SLURM_TEST_USER
+chown $SLURM_TEST_UID:$SLURM_TEST_UID /home/$SLURM_TEST_USER
+chmod 755 /home /home/$SLURM_TEST_USER
+chown root:kvm /dev/kvm
+chmod 660 /dev/kvm
+# L1 has devtmpfs but no udev: /dev/net/tun is 0600 there. udev's default
+# rules (50-udev-default.rules: KERNEL=="tun", MODE="0666") open it to
+# every user, so that a TAP's owner can attach to it (TUNSETIFF).
+chmod 666 /dev/net/tun
+# hpcvmm where a site installs it: the Prolog and Epilog call it by name.
+ln -sf /hpcvmm/bin/hpcvmm /usr/sbin/hpcvmm
 echo 'passwd: files
 group: files
 hosts: files' >/etc/nsswitch.conf
@@ -110,6 +132,15 @@ SlurmdTimeout=600
 $SLURM_NODE_LINES
 PartitionName=vm Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP
 EOF
+# The Prolog, the Epilog and their slurm.conf lines as docs/slurm.md gives
+# them (packed from the document by tests/harness, slurmprolog.go, with the
+# few changes L1 needs: its bridge, its nic that is not InfiniBand, a TAP
+# name per node since both nodes are this host).
+mkdir -p /etc/slurm/prolog.d /etc/slurm/epilog.d
+cp /hpcvmm/slurm/prolog.sh /etc/slurm/prolog.d/hpcvmm.sh
+cp /hpcvmm/slurm/epilog.sh /etc/slurm/epilog.d/hpcvmm.sh
+chmod 755 /etc/slurm/prolog.d/hpcvmm.sh /etc/slurm/epilog.d/hpcvmm.sh
+cat /hpcvmm/slurm/slurm.conf.docs >>/etc/slurm/slurm.conf
 # AutoDetect=nvml cannot see devices on vfio-pci: declare them by group.
 cat >/etc/slurm/gres.conf <<EOF
 # The GPU and the InfiniBand VF stand-ins, by their VFIO groups.

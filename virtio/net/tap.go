@@ -118,6 +118,10 @@ func tapOpenError(name string, queues int, exists bool, err error) error {
 		mq = " multi_queue"
 	}
 	switch {
+	case errors.Is(err, uapi.ErrOpenTunDevice) && (errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM)):
+		// Not the TAP's owner check: the device node itself is closed to
+		// this user (a host without udev's default rule).
+		return fmt.Errorf("tap %s: this user may not open /dev/net/tun, which every user may open where udev's default rules make it 0666: chmod 0666 /dev/net/tun: %w", name, err)
 	case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENXIO):
 		return fmt.Errorf("tap %s: %w: the host has no TUN/TAP driver; load it with `modprobe tun`", name, err)
 	case errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES):

@@ -3,6 +3,7 @@ package net
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"os/exec"
 	"runtime"
@@ -198,4 +199,18 @@ func ifIndex(t *testing.T, name string) int {
 	}
 	assert.NoError(t, unix.IoctlIfreq(s, unix.SIOCGIFINDEX, ifr))
 	return int(ifr.Uint32())
+}
+
+// TestTapOpenErrorTunDeviceClosed: a /dev/net/tun the user may not open (a
+// host without udev's rule, as the nested test bed's L1 was) is named as
+// such, not taken for a TAP the user may not attach to, whose fix (recreate
+// the TAP) would change nothing.
+func TestTapOpenErrorTunDeviceClosed(t *testing.T) {
+	dev := tapOpenError("hpvm9n1", 1, true, fmt.Errorf("%w: %w", uapi.ErrOpenTunDevice, unix.EACCES))
+	assert.ErrorContains(t, dev, "tap hpvm9n1: this user may not open /dev/net/tun")
+	assert.ErrorContains(t, dev, "chmod 0666 /dev/net/tun")
+	assert.ErrorIs(t, dev, unix.EACCES)
+	owner := tapOpenError("hpvm9n1", 1, true, fmt.Errorf("tun: TUNSETIFF: %w", unix.EPERM))
+	assert.ErrorContains(t, owner, "exists but this user may not attach to it")
+	assert.NotContains(t, owner.Error(), "/dev/net/tun")
 }
