@@ -72,18 +72,9 @@ func Spawn(self string, exports []Export, o SpawnOptions) (*Process, error) {
 	if _, err := (Options{MaxMessageSize: o.MaxMessageSize}).messageSize(); err != nil {
 		return nil, err
 	}
-	args := []string{ChildName, "-msize", strconv.FormatUint(uint64(o.MaxMessageSize), 10), "-seccomp", "off"}
-	if o.Seccomp {
-		args[4] = "kill"
-	}
-	for i, e := range exports {
-		if e.Root == nil {
-			return nil, fmt.Errorf("ninep: export %d has no root descriptor", i)
-		}
-		if st, err := statFD(int(e.Root.Fd())); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
-			return nil, fmt.Errorf("ninep: export %d (%s) is not a directory: give a directory to bind", i, e.Root.Name())
-		}
-		args = append(args, map[bool]string{true: "ro", false: "rw"}[e.ReadOnly])
+	args, err := childArgs(exports, o)
+	if err != nil {
+		return nil, err
 	}
 	p := &Process{done: make(chan struct{})}
 	var child []*os.File // the child's ends, closed here once it runs
@@ -172,6 +163,26 @@ func Spawn(self string, exports []Export, o SpawnOptions) (*Process, error) {
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// childArgs are the child's arguments for exports: its message bound, its
+// seccomp mode and each export's access, after each root is checked to be
+// a directory.
+func childArgs(exports []Export, o SpawnOptions) ([]string, error) {
+	args := []string{ChildName, "-msize", strconv.FormatUint(uint64(o.MaxMessageSize), 10), "-seccomp", "off"}
+	if o.Seccomp {
+		args[4] = "kill"
+	}
+	for i, e := range exports {
+		if e.Root == nil {
+			return nil, fmt.Errorf("ninep: export %d has no root descriptor", i)
+		}
+		if st, err := statFD(int(e.Root.Fd())); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return nil, fmt.Errorf("ninep: export %d (%s) is not a directory: give a directory to bind", i, e.Root.Name())
+		}
+		args = append(args, map[bool]string{true: "ro", false: "rw"}[e.ReadOnly])
+	}
+	return args, nil
 }
 
 func (p *Process) closeConns() {
