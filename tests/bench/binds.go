@@ -252,6 +252,9 @@ func runBinds(ctx context.Context, cfg Config, out sink) {
 	failures := map[string]int{}
 	for rep := 1; rep <= cfg.Reps; rep++ {
 		for _, v := range bindsVMMs() {
+			if len(cfg.BindsVMMs) > 0 && !slices.Contains(cfg.BindsVMMs, v) {
+				continue
+			}
 			if cfg.done(caseBinds, v, rep) || failures[v]+cfg.FailedRuns[caseBinds+"|"+v] >= maxFailures && !cfg.succeededBefore(caseBinds, v) {
 				continue
 			}

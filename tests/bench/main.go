@@ -51,6 +51,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 )
@@ -99,6 +100,16 @@ func parseFlags(args []string) (options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.StringVar(&o.where, "where", o.where, "auto (host when /dev/kvm is hardware KVM, else l1), host or l1")
 	fs.IntVar(&o.reps, "reps", o.reps, "runs per case and VMM")
+	fs.Func("binds-vmms", "binds: comma-separated configurations to run, e.g. l1-native,hpcvmm-512K-mmap,hpcvmm-512K-loose,qemu-q35-virtio-9p (default: all)", func(v string) error {
+		known := bindsVMMs()
+		for _, n := range strings.Split(v, ",") {
+			if !slices.Contains(known, n) {
+				return fmt.Errorf("-binds-vmms: %q is not one of %s", n, strings.Join(known, ", "))
+			}
+			o.bindsVMMs = append(o.bindsVMMs, n)
+		}
+		return nil
+	})
 	fs.DurationVar(&o.timeout, "timeout", o.timeout, "limit for the L1 boot that runs the suite")
 	fs.StringVar(&o.out, "out", o.out, "directory for bench-DATE.json and bench-DATE.md (default: the harness cache's bench/)")
 	fs.StringVar(&o.gokvm, "gokvm", o.gokvm, "module@version of gokvm to build with go install")

@@ -50,6 +50,7 @@ const l2Cmdline = "console=ttyS0 reboot=k panic=-1 hpcvmm.scenario=boot"
 type options struct {
 	where         string
 	reps          int
+	bindsVMMs     []string // -binds-vmms: the binds case's configurations to run (all when empty)
 	timeout       time.Duration
 	out           string
 	gokvm         string
@@ -143,6 +144,7 @@ func outer(ctx context.Context, o options) (*Report, error) {
 
 	cfg := Config{
 		Reps:      o.reps,
+		BindsVMMs: o.bindsVMMs,
 		VMTimeout: 90 * time.Second,
 		VMStall:   30 * time.Second,
 		Kernel:    art.Kernel.Image,

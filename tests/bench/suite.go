@@ -18,6 +18,7 @@ import (
 type Config struct {
 	Where           string          `json:"where"`                       // whereL1 or whereHost
 	Reps            int             `json:"reps"`                        // runs per case and VMM
+	BindsVMMs       []string        `json:"binds_vmms,omitempty"`        // the binds case's configurations to run (all when empty)
 	BudgetSec       int             `json:"budget_s"`                    // the whole suite's time limit
 	PrefaultSec     int             `json:"prefault_s"`                  // time kept for the prefault cases
 	VMTimeout       time.Duration   `json:"vm_timeout_ns"`               // one boot's limit
