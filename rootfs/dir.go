@@ -114,6 +114,11 @@ func dirEntry(dir *os.File, name, rel string, fi fs.FileInfo, image string, e *E
 		e.Size = fi.Size()
 	case fi.Mode()&fs.ModeSymlink != 0:
 		target, err := readlinkAt(dir, name)
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			// No longer a symlink (or gone) since it was stat'ed: the
+			// image changed under the walk.
+			return fmt.Errorf("rootfs: image %s changed while hpcvmm read it (%s): launch again once it is written", image, rel)
+		}
 		if err != nil {
 			return fmt.Errorf("rootfs: image %s: %w", image, err)
 		}
