@@ -30,7 +30,7 @@ const linkedText = "ffffffff81000000"
 // cached vmlinux ELF itself as --kernel, then with the guest's own
 // decompressor (--kernel-decompress=guest). Each boot must reach /init with
 // the command line it was given; the host-decompressed kernels must run at
-// their link address (no KASLR), and the cache file must be root's, 0444,
+// their link address (no KASLR), and the cache file must be root's, 0400 in a 0700 directory (private: issue 30),
 // and hold the vmlinux its header's SHA-256 names. Launch to /init and the
 // guest's uptime at /init are recorded for each.
 func TestKernelDecompress(t *testing.T) {
@@ -129,7 +129,7 @@ func checkCacheFile(t *testing.T, dir, file string) {
 	for _, c := range []struct {
 		path string
 		mode os.FileMode
-	}{{dir, 0o755 | os.ModeDir}, {file, 0o444}} {
+	}{{dir, 0o700 | os.ModeDir}, {file, 0o400}} {
 		fi, err := os.Lstat(c.path)
 		require.NoError(t, err)
 		assert.Equal(t, c.mode, fi.Mode(), "mode of %s", c.path)
