@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"slices"
 	"strings"
 
@@ -44,32 +45,16 @@ func mountOptions(m jobproto.Mount, fd int) string {
 // characters that would add mount options.
 func validMount(m jobproto.Mount) error {
 	t := m.Target
-	if !strings.HasPrefix(t, "/") || t != cleanPath(t) {
+	if !path.IsAbs(t) || t != path.Clean(t) {
 		return fmt.Errorf("mount target %q: not an absolute clean path", t)
 	}
-	for _, r := range []string{"/", "/proc", "/sys", "/dev", "/.hpcvmm"} {
-		if t == r || (r != "/" && strings.HasPrefix(t, r+"/")) {
-			return fmt.Errorf("mount target %s: covers %s", t, r)
-		}
+	if r := jobproto.ReservedBy(t); r != "" {
+		return fmt.Errorf("mount target %s: covers %s", t, r)
 	}
 	if strings.ContainsAny(m.Cache, ",= \x00") {
 		return fmt.Errorf("mount %s: cache mode %q", t, m.Cache)
 	}
 	return nil
-}
-
-func cleanPath(p string) string {
-	// path.Clean without importing it twice: a clean absolute path has
-	// no empty, "." or ".." element and no trailing slash.
-	if p == "/" {
-		return p
-	}
-	for _, e := range strings.Split(p[1:], "/") {
-		if e == "" || e == "." || e == ".." {
-			return ""
-		}
-	}
-	return p
 }
 
 // mountBinds mounts each of s.Mounts on its port, in order; the first

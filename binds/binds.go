@@ -51,10 +51,6 @@ const PortPrefix = "org.hpcvmm.9p."
 // PortName is the virtio-console port of the i-th bind.
 func PortName(i int) string { return fmt.Sprintf("%s%d", PortPrefix, i) }
 
-// Reserved are the guest paths the agent needs for itself: a bind on one
-// of them, or beneath one, would hide what the job's VM runs on.
-var Reserved = []string{"/", "/proc", "/sys", "/dev", "/.hpcvmm"}
-
 // Parse parses one -B/--bind value: a comma-separated list of
 // SRC[:DST[:ro|rw]]. DST defaults to SRC. Relative sources are taken from
 // cwd. Sources and targets are cleaned; a target must be absolute.
@@ -93,23 +89,12 @@ func Parse(value, cwd string) ([]Bind, error) {
 			return nil, fmt.Errorf("--bind %q: the guest path %q is relative: give an absolute DST", spec, b.Target)
 		}
 		b.Target = filepath.Clean(b.Target)
-		if r := reservedBy(b.Target); r != "" {
+		if r := jobproto.ReservedBy(b.Target); r != "" {
 			return nil, fmt.Errorf("--bind %q: the guest path %s covers %s, which the job's VM needs: choose another DST", spec, b.Target, r)
 		}
 		out = append(out, b)
 	}
 	return out, nil
-}
-
-// reservedBy returns the reserved path that target is, or lies beneath;
-// "" when it is free.
-func reservedBy(target string) string {
-	for _, r := range Reserved {
-		if target == r || (r != "/" && strings.HasPrefix(target, r+"/")) {
-			return r
-		}
-	}
-	return ""
 }
 
 // Defaults are the binds `apptainer exec` makes without being asked.
@@ -142,7 +127,7 @@ func WithDefaults(user []Bind, d Defaults) []Bind {
 			return
 		}
 		p = filepath.Clean(p)
-		if reservedBy(p) != "" || isSystemDir(p) {
+		if jobproto.ReservedBy(p) != "" || isSystemDir(p) {
 			return
 		}
 		for _, b := range out {

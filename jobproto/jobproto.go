@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"time"
 )
 
@@ -161,6 +162,22 @@ type Mount struct {
 	MSize uint32
 	// Cache is the kernel 9P client's cache= mode ("" for its default).
 	Cache string
+}
+
+// ReservedTargets are the guest paths the agent needs for itself: a mount
+// on one of them, or beneath one, would hide what the job's VM runs on.
+// The host refuses such a bind (package binds) and the agent such a Mount.
+var ReservedTargets = []string{"/", "/proc", "/sys", "/dev", "/.hpcvmm"}
+
+// ReservedBy returns the reserved path that target is or lies beneath, ""
+// when it is free.
+func ReservedBy(target string) string {
+	for _, r := range ReservedTargets {
+		if target == r || (r != "/" && strings.HasPrefix(target, r+"/")) {
+			return r
+		}
+	}
+	return ""
 }
 
 // Bounds of Start's lists that the agent acts on one by one.

@@ -137,10 +137,7 @@ func checkBindsInImage(opened []binds.Opened) func(im *rootfs.Image) error {
 		for i, o := range opened {
 			list[i] = o.Bind
 		}
-		if err := binds.Check(list, im); err != nil {
-			return fmt.Errorf("%w", err)
-		}
-		return nil
+		return binds.Check(list, im)
 	}
 }
 
