@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -242,12 +243,30 @@ func mpiSrun(t *testing.T, env *harness.Env, name string, args []string) slurmOu
 			return slurmOutput{stdout: j.out.String(), stderr: j.errb.String(), code: j.code}
 		}
 		if !j.lost() || attempt == mpiAttempts {
+			dumpHpcvmmRuns(t, j)
 			_ = exec.Command("scancel", "-n", name).Run()
 			t.Fatalf("srun %s did not finish within %v\nstdout tail:\n%s\nstderr tail:\n%s\n%s", name, slurmTimeout,
 				harness.Tail(j.out.String(), 30), harness.Tail(j.errb.String(), 40), slurmLogs())
 		}
 		j.retry(t, env, attempt)
 	}
+}
+
+// dumpHpcvmmRuns asks each hpcvmm run still alive for its goroutines
+// (SIGQUIT: the Go runtime prints every stack on stderr and exits), so a
+// hung job shows where each VMM waited, and logs what they printed.
+func dumpHpcvmmRuns(t *testing.T, j *mpiJob) {
+	pids := hpcvmmRuns()
+	for _, p := range pids {
+		if pid, err := strconv.Atoi(p); err == nil {
+			_ = syscall.Kill(pid, syscall.SIGQUIT)
+		}
+	}
+	if len(pids) == 0 {
+		return
+	}
+	time.Sleep(5 * time.Second)
+	t.Logf("%s: hung; the stacks of hpcvmm run %v (SIGQUIT):\n%s", j.name, pids, harness.Tail(j.errb.String(), 400))
 }
 
 // hpcvmmRuns lists the PIDs of the hpcvmm run processes alive in L1.

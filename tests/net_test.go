@@ -28,7 +28,7 @@ import (
 const (
 	netPeer    = "10.77.0.1"
 	netGuest   = "10.77.0.2"
-	netMiB     = 64
+	netMiB     = 16
 	netTimeout = 8 * time.Minute
 )
 
@@ -79,8 +79,8 @@ func netCmdline(extra string) string {
 }
 
 // TestNetworkPingAndTransfer: the guest's stock virtio_net binds to the
-// device on a TAP hpcvmm creates in L1, pings L1's end of the TAP, sends 64
-// MiB over TCP to L1 and receives 64 MiB back, with equal SHA-256 sums on
+// device on a TAP hpcvmm creates in L1, pings L1's end of the TAP, sends 16
+// MiB over TCP to L1 and receives 16 MiB back, with equal SHA-256 sums on
 // both ends; with vhost-net and with the userspace data path.
 func TestNetworkPingAndTransfer(t *testing.T) {
 	harness.Run(t, harness.ProfileBasic, func(t *testing.T, env *harness.Env) {

@@ -3,6 +3,8 @@ package vmm
 import (
 	"fmt"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/uapi"
 	virtionet "github.com/hpcvmm/hpcvmm/virtio/net"
@@ -112,7 +114,7 @@ func (vm *VM) addNets() error {
 		}
 		opts := virtionet.Options{
 			Name: n.TAP, MTU: mtu, Pairs: queues, Memory: vm.mem, Regions: regions,
-			WorkerCPUs: workerCPUs(vm.place),
+			WorkerCPUs: workerCPUs(vm.place, allowedCPUs(vm.place)),
 			OnError:    func(err error) { vm.refusals.Refuse("virtio-net "+n.TAP, err) },
 		}
 		if n.MAC != "" {
@@ -153,25 +155,48 @@ func (vm *VM) addNets() error {
 }
 
 // workerCPUs are the host CPUs for the kernel's vhost-net workers: the
-// VM's node's CPUs that run no vCPU, so a worker never queues behind the
-// pinned vCPU whose packets it moves (and the vCPU is not preempted by it),
-// while staying next to guest RAM. When every CPU of the node runs a vCPU,
-// the whole node.
-func workerCPUs(p placement) []int {
+// VM's node's CPUs that this process may use (its cpuset: under Slurm only
+// the step's CPUs, and placing a worker outside them fails with EINVAL)
+// and that run no vCPU, so a worker never queues behind the pinned vCPU
+// whose packets it moves (and the vCPU is not preempted by it), while
+// staying next to guest RAM. When every such CPU runs a vCPU, all of them;
+// when the process may use none of the node's CPUs, none (nil: the
+// kernel's placement stays).
+func workerCPUs(p placement, allowed unix.CPUSet) []int {
 	busy := map[int]bool{}
 	for _, c := range p.vcpuCPUs {
 		busy[c] = true
 	}
-	var free []int
+	var usable, free []int
 	for _, c := range p.nodeCPUs {
+		if c < 0 || c >= 1024 || !allowed.IsSet(c) {
+			continue
+		}
+		usable = append(usable, c)
 		if !busy[c] {
 			free = append(free, c)
 		}
 	}
 	if len(free) == 0 {
-		return append([]int(nil), p.nodeCPUs...)
+		return usable
 	}
 	return free
+}
+
+// allowedCPUs is this process's CPU set for workerCPUs; when it cannot be
+// read, every CPU of the node counts as allowed (the worker placement is
+// then tried and its failure reported, as before).
+func allowedCPUs(p placement) unix.CPUSet {
+	set, err := affinity()
+	if err != nil {
+		set.Zero()
+		for _, c := range p.nodeCPUs {
+			if c >= 0 && c < 1024 {
+				set.Set(c)
+			}
+		}
+	}
+	return set
 }
 
 // closeNet releases what a virtio-net transport's device holds (its TAP)

@@ -197,7 +197,7 @@ func bootL1(t *testing.T, p Profile, skip string) *l1Run {
 		r.consolePath = filepath.Join(r.dir, "l1-console.log")
 		r.resultsPath = filepath.Join(r.dir, "results.txt")
 
-		r.timeout = l1Timeout(t)
+		r.timeout = l1Timeout(t, p)
 		// The scenario runner inside gets a minute less than the boot, so
 		// Go's test timeout (with its goroutine dump) fires before QEMU is
 		// killed and the inner run can still report.
@@ -275,10 +275,13 @@ func bootL1(t *testing.T, p Profile, skip string) *l1Run {
 	return r
 }
 
-// l1Timeout is HPCVMM_L1_TIMEOUT (default 15m), capped so the boot ends
+// l1Timeout is HPCVMM_L1_TIMEOUT (default: the profile's Timeout, else 15m), capped so the boot ends
 // 30 s before go test's deadline.
-func l1Timeout(t *testing.T) time.Duration {
+func l1Timeout(t *testing.T, p Profile) time.Duration {
 	d := defaultL1Timeout
+	if p.Timeout > 0 {
+		d = p.Timeout
+	}
 	if s := os.Getenv("HPCVMM_L1_TIMEOUT"); s != "" {
 		if v, err := time.ParseDuration(s); err == nil && v > 0 {
 			d = v

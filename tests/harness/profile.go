@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Profile is everything one L1 boot needs for a group of scenarios: the QEMU
@@ -55,6 +56,10 @@ type Profile struct {
 	// they depend on, after the common ones and before Setup. Like Files,
 	// they give the profile an image of its own.
 	Modules []string
+	// Timeout, when set, bounds this profile's L1 boot instead of the
+	// default (defaultL1Timeout; HPCVMM_L1_TIMEOUT overrides both): for a
+	// profile whose scenarios together need longer.
+	Timeout time.Duration
 	// Prepare, when set, runs on the outer side before L1 boots with the
 	// boot's run directory, creates the files QEMU needs there (disk
 	// images, a BAR's backing file) and returns QEMU arguments naming
@@ -79,6 +84,9 @@ var ProfileBasic = Profile{
 	Machine: "q35",
 	Memory:  "5G",
 	CPUs:    1,
+	// Its scenarios took 14 of the default 15 minutes in CI (2026-11-27:
+	// eleven scenarios, five kernel boots in TestKernelDecompress alone).
+	Timeout: 20 * time.Minute,
 	// nohz=off highres=off: see ProfilePassthrough; QEMU 7.2's TCG can
 	// lose L1's one-shot LAPIC timer wakeup, which hung or slowed L1.
 	Cmdline: []string{"hugepagesz=1G", "hugepages=2", "nohz=off", "highres=off"},
