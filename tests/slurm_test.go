@@ -108,13 +108,19 @@ func TestSlurmPassthrough(t *testing.T) {
 	harness.RunOuter(t, harness.ProfileSlurm, func(t *testing.T, env *harness.Env) {
 		gpuGroup, nicGroup := vfioGroupOf(t, harness.EduBDF), vfioGroupOf(t, harness.NVMeVFBDF)
 		start := time.Now()
-		o := runSlurm(t, slurmTimeout, "srun", "--gres=gpu:1,nic:1", "--mem=2048", "--time=20",
-			env.HPCVMM(t), "run",
-			"--kernel", env.L2Kernel(t), "--initrd", env.L2Initrd(t),
-			"--cmdline", fmt.Sprintf("%s hpcvmm.pt=edu,nvme hpcvmm.dma_buf=%#x memmap=1M$%#x hpcvmm.nvme_off_kib=%d hpcvmm.nvme_kib=%d",
-				ptBaseCmdline, eduDMABuf, eduDMABuf, nvmeOffKiBSlurm, nvmeKiB),
-			"--hugepages", "1G", "--gpu", "slurm", "--vf", "slurm", "--cpu-mode", harness.TestbedCPUMode,
-		)
+		var o slurmOutput
+		for attempt := 1; ; attempt++ {
+			o = runSlurm(t, slurmTimeout, "srun", "--gres=gpu:1,nic:1", "--mem=2048", "--time=20",
+				env.HPCVMM(t), "run",
+				"--kernel", env.L2Kernel(t), "--initrd", env.L2Initrd(t),
+				"--cmdline", fmt.Sprintf("%s hpcvmm.pt=edu,nvme hpcvmm.dma_buf=%#x memmap=1M$%#x hpcvmm.nvme_off_kib=%d hpcvmm.nvme_kib=%d",
+					ptBaseCmdline, eduDMABuf, eduDMABuf, nvmeOffKiBSlurm, nvmeKiB),
+				"--hugepages", "1G", "--gpu", "slurm", "--vf", "slurm", "--cpu-mode", harness.TestbedCPUMode,
+			)
+			if !lostToEmulator(t, env, o.code != 0, o.stderr, attempt) {
+				break
+			}
+		}
 		env.Record(t, "wall_ms", strconv.FormatInt(time.Since(start).Milliseconds(), 10))
 		log := o.stderr
 		require.Equal(t, 0, o.code, "srun exit status\n--- hpcvmm log and srun errors ---\n%s\n--- L2 console tail ---\n%s\n%s",
@@ -233,6 +239,20 @@ echo "hpcvmm with the VF named exit $?"
 	})
 }
 
+// lostToEmulator reports whether a failed run lost its L2 guest to a triple
+// fault in early boot (issue 36: seen in the nested test bed only, under
+// QEMU's TCG emulation of nested SVM; docs/testbed.md) and may run again:
+// at most emulatedBootAttempts runs, each lost one recorded.
+func lostToEmulator(t *testing.T, env *harness.Env, failed bool, log string, attempt int) bool {
+	t.Helper()
+	if !failed || !strings.Contains(log, "guest triple fault") || attempt >= emulatedBootAttempts {
+		return false
+	}
+	t.Logf("run %d lost its L2 guest to a triple fault in early boot; running it again", attempt)
+	env.Record(t, fmt.Sprintf("lost_run_%d", attempt), "KVM_EXIT_SHUTDOWN")
+	return true
+}
+
 // TestSlurmTwoNodes: `sbatch -N2` runs one VM per node (n1 and n2, each
 // through srun --ntasks-per-node=1 as an MPI job would start its ranks);
 // each VM's TAP is on the one L1 bridge, and the two guests ping each
@@ -262,13 +282,26 @@ ip link set $tap master %[1]s && echo "node $SLURMD_NODENAME: $tap on %[1]s"
 wait $pid
 rc=$?
 echo "node $SLURMD_NODENAME id $id hpcvmm exit $rc"
+# The other guest waits up to 240 s for its peer: end the job instead.
+[ $rc -eq 0 ] || scancel $SLURM_JOB_ID
 exit $rc
 `, harness.SlurmBridge, shellArgs(env.VMArgs([]string{env.HPCVMM(t), "run", "--kernel", env.L2Kernel(t), "--initrd", env.L2Initrd(t), "--hugepages", "1G"})), dir)
 		require.NoError(t, os.WriteFile(node, []byte(body), 0o755))
 		out := filepath.Join(dir, "job.out")
 		start := time.Now()
-		o := runSlurm(t, slurmTimeout, "sbatch", "--wait", "-N2", "--mem=2048", "--time=20", "-o", out,
-			"--wrap", "srun -N2 --ntasks-per-node=1 "+node)
+		var o slurmOutput
+		for attempt := 1; ; attempt++ {
+			o = runSlurm(t, slurmTimeout, "sbatch", "--wait", "-N2", "--mem=2048", "--time=20", "-o", out,
+				"--wrap", "srun -N2 --ntasks-per-node=1 "+node)
+			var logs string
+			for id := range 2 {
+				b, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("log.%d", id)))
+				logs += string(b)
+			}
+			if !lostToEmulator(t, env, o.code != 0, logs, attempt) {
+				break
+			}
+		}
 		env.Record(t, "wall_ms", strconv.FormatInt(time.Since(start).Milliseconds(), 10))
 		job, _ := os.ReadFile(out)
 		t.Logf("sbatch: exit %d %s %s\njob output:\n%s", o.code, o.stdout, o.stderr, job)
