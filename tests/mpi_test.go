@@ -152,7 +152,7 @@ func mpiScancel(t *testing.T, env *harness.Env) {
 // client spoke, and Slurm 22.05's mpi/pmi2 plugin then dies on the empty
 // PMI socket ("invalid PMI1 init command: `'", "fatal: this is impossible"),
 // leaving srun waiting for ever: such a run is cancelled, recorded and run
-// again.
+// again, as is a run that hung (mpiSrun).
 const mpiAttempts = 3
 
 // mpiJob is one srun of the MPI scenarios, running.
@@ -225,8 +225,10 @@ func (j *mpiJob) retry(t *testing.T, env *harness.Env, attempt int) {
 	}
 }
 
-// mpiSrun runs an MPI job of VMs to its end (within slurmTimeout), again
-// when the emulator lost one of its guests (mpiAttempts).
+// mpiSrun runs an MPI job of VMs to its end (within mpiTimeout), again
+// when the emulator lost one of its guests or the job hung (mpiAttempts).
+// A hung run first has each hpcvmm print its goroutines (dumpHpcvmmRuns),
+// so the log shows where it waited.
 func mpiSrun(t *testing.T, env *harness.Env, name string, args []string) slurmOutput {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
@@ -238,19 +240,40 @@ func mpiSrun(t *testing.T, env *harness.Env, name string, args []string) slurmOu
 			default:
 				return false
 			}
-		}, slurmTimeout)
+		}, mpiTimeout)
 		if ended && !(j.lost() && attempt < mpiAttempts) {
 			return slurmOutput{stdout: j.out.String(), stderr: j.errb.String(), code: j.code}
 		}
-		if !j.lost() || attempt == mpiAttempts {
+		if !ended && !j.lost() {
 			dumpHpcvmmRuns(t, j)
+			env.Record(t, fmt.Sprintf("%s_hung_run_%d", name, attempt), "no end within "+mpiTimeout.String())
+			if attempt == mpiAttempts {
+				_ = exec.Command("scancel", "-n", name).Run()
+				t.Fatalf("srun %s did not finish within %v, %d times\nstdout tail:\n%s\nstderr tail:\n%s\n%s", name, mpiTimeout, attempt,
+					harness.Tail(j.out.String(), 30), harness.Tail(j.errb.String(), 40), slurmLogs())
+			}
+			t.Logf("%s: run %d did not end within %v (the stacks above); cancelling it and running the job again", name, attempt, mpiTimeout)
 			_ = exec.Command("scancel", "-n", name).Run()
-			t.Fatalf("srun %s did not finish within %v\nstdout tail:\n%s\nstderr tail:\n%s\n%s", name, slurmTimeout,
-				harness.Tail(j.out.String(), 30), harness.Tail(j.errb.String(), 40), slurmLogs())
+			select {
+			case <-j.done:
+			case <-time.After(2 * time.Minute):
+				t.Fatalf("%s: srun still running 2 minutes after scancel", name)
+			}
+			continue
+		}
+		if attempt == mpiAttempts {
+			_ = exec.Command("scancel", "-n", name).Run()
+			t.Fatalf("srun %s lost a guest in each of %d runs\nstderr tail:\n%s", name, attempt, harness.Tail(j.errb.String(), 40))
 		}
 		j.retry(t, env, attempt)
 	}
 }
+
+// mpiTimeout bounds one run of an MPI job of two VMs: 31 to 47 s each in
+// a local L1 (2026-11-27), so four minutes leave room for a slower CI
+// machine while a hung run (seen in CI and once locally, cause not yet
+// known: issue 36) costs less than slurmTimeout's six.
+const mpiTimeout = 4 * time.Minute
 
 // dumpHpcvmmRuns asks each hpcvmm run still alive for its goroutines
 // (SIGQUIT: the Go runtime prints every stack on stderr and exits), so a
