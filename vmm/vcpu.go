@@ -31,6 +31,9 @@ type vcpu struct {
 	// exits counts exits by KVM exit reason. Only the vCPU's own thread
 	// writes it; it is read after the thread has finished.
 	exits [exitCounterSlots]uint64
+	// recent are its last exits, for the report of a triple fault; the
+	// same thread writes it.
+	recent recentExits
 }
 
 // errGuestReset ends Run without error: the guest asked for a reset
@@ -97,6 +100,7 @@ func (v *vcpu) loop() error {
 		if uint32(reason) < exitCounterSlots {
 			v.exits[reason]++
 		}
+		v.noteExit(reason)
 		if stop := v.handleExit(reason); stop != nil {
 			return stop
 		}
@@ -141,7 +145,7 @@ func (v *vcpu) handleExit(reason uapi.ExitReason) error {
 		// here means the guest halted with no way to wake up.
 		return fmt.Errorf("vCPU %d halted with interrupts disabled (KVM_EXIT_HLT)", v.index)
 	case uapi.ExitShutdown:
-		return fmt.Errorf("vCPU %d: guest triple fault (KVM_EXIT_SHUTDOWN)%s", v.index, v.shutdownSuffix())
+		return fmt.Errorf("vCPU %d: guest triple fault (KVM_EXIT_SHUTDOWN)%s; %s; %s", v.index, v.shutdownSuffix(), v.recent.String(), traceHint)
 	case uapi.ExitSystemEvent:
 		typ, _ := v.run.SystemEvent()
 		switch typ {
@@ -168,6 +172,25 @@ func (v *vcpu) handleExit(reason uapi.ExitReason) error {
 	return nil
 }
 
+// noteExit records the exit in v.recent, with the port or MMIO address.
+func (v *vcpu) noteExit(reason uapi.ExitReason) {
+	switch reason {
+	case uapi.ExitIO:
+		port, isOut, size, _, _ := v.run.IO()
+		v.recent.note(reason, uint64(port), isOut, size)
+	case uapi.ExitMMIO:
+		addr, isWrite, data := v.run.MMIO()
+		v.recent.note(reason, addr, isWrite, len(data))
+	default:
+		v.recent.note(reason, 0, false, 0)
+	}
+}
+
+// traceHint says how to see what userspace cannot: the exception that
+// became a triple fault is handled inside KVM, so only the host's KVM
+// trace events show it (and which guest RIP raised it), on any host.
+const traceHint = "the host's KVM trace events show the faults that led to it: perf record -e kvm:kvm_exit -e kvm:kvm_inj_exception -e kvm:kvm_entry -p <hpcvmm pid>, then perf script (docs/running.md, \"A guest that triple-faults\")"
+
 // resetVectorRIP is the RIP of a vCPU in its power-on state (CS base
 // 0xffff0000 + 0xfff0).
 const resetVectorRIP = 0xfff0
@@ -183,7 +206,7 @@ func (v *vcpu) shutdownSuffix() string {
 		return ""
 	}
 	if regs.RIP == resetVectorRIP {
-		return " (registers already reset by KVM, as on AMD hosts: the faulting RIP is lost; trace kvm:kvm_exit in the host to see it)"
+		return " (registers already reset by KVM, as on AMD hosts: the faulting RIP is lost)"
 	}
 	return fmt.Sprintf(" at RIP %#x", regs.RIP)
 }
