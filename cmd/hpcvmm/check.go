@@ -26,9 +26,9 @@ import (
 var kvmCapabilityCheck func(devPath string) []preflight.Result
 
 // runCheck implements `hpcvmm check`: it checks that this host can run the
-// described VM and prints every problem with its fix. Exit status: 0 when
-// the VM could start (warnings allowed), 1 when a check failed, 2 for a
-// usage error.
+// described VM and prints every problem with its fix. Exit status
+// (exitTable): 0 when the VM could start (warnings allowed), 3 when a check
+// failed, 2 for invalid input, 1 when the report could not be written.
 func runCheck(args []string, stdout, stderr io.Writer) int {
 	c := newCommand("hpcvmm check",
 		"Check that this host can run the described VM: KVM and its capabilities, the IOMMU and interrupt remapping, "+
@@ -37,10 +37,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 			"hpcvmm run runs the same checks first.",
 		"hpcvmm check [--gpu BDF]... [--vf BDF]... [--memory SIZE] [--hugepages 1G|2M|none]",
 		"[--cpus N] [--numa-node N|auto] [--cpu-mode dedicated|shared] [--json]")
-	c.footer = `Exit status:
-  0  the VM could start (warnings allowed)
-  1  a check failed
-  2  invalid input`
+	c.footer = exitHelp("check")
 	var gpus, vfs bdfList
 	req := preflight.Request{CPUs: 1, Memory: 1 << 30, NUMANode: vmm.NUMANodeAuto, KVMCheck: kvmCapabilityCheck, PortSlots: vmm.PassthroughSlots()}
 	page := guestmem.Page1G
@@ -65,6 +62,13 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	switch {
 	case req.CPUs < 1:
 		return c.usageError(stderr, "--cpus %d: want 1 or more", req.CPUs)
+	}
+	// A malformed address is bad input, as for bind and run, not a failed
+	// check of the host.
+	for i, s := range append(append([]string(nil), gpus...), vfs...) {
+		if _, err := host.ParseBDF(s); err != nil {
+			return c.usageError(stderr, "--%s: %v", map[bool]string{true: "gpu", false: "vf"}[i < len(gpus)], err)
+		}
 	}
 	req.GPUs, req.VFs, req.PageSize = gpus, vfs, uint64(page)
 	req.CPUMode, req.KVMCheck = string(cpuMode), withCPUChecks(req.KVMCheck, req.CPUs)
@@ -94,12 +98,12 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "hpcvmm check: write report: %v\n", err)
-		return 1
+		return exitFailed
 	}
 	if !rep.OK() {
-		return 1
+		return exitHost
 	}
-	return 0
+	return exitOK
 }
 
 // requestFlags maps preflight.Request fields to the flags of hpcvmm check
@@ -191,7 +195,7 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 		"List the host's passthrough-capable devices (GPUs, network and InfiniBand functions, accelerators, anything on vfio-pci) "+
 			"with their NUMA node, IOMMU group, driver, reset methods and SR-IOV virtual functions: the BDFs for --gpu and --vf.",
 		"hpcvmm devices [--json]")
-	c.footer = "Exit status: 0 listed, 1 the host's PCI devices could not be read, 2 invalid input."
+	c.footer = exitHelp("devices")
 	asJSON := c.group("Output").Bool("json", false, "print the list as JSON")
 	sysRoot, procRoot := hostRootFlags(c)
 	c.done()
@@ -205,7 +209,7 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 	devs, err := h.PassthroughDevices()
 	if err != nil {
 		fmt.Fprintf(stderr, "hpcvmm devices: %v\n", err)
-		return 1
+		return exitHost
 	}
 	rows := make([]deviceRow, 0, len(devs))
 	withUse := func(d *host.Device) (deviceRow, error) {
@@ -221,18 +225,18 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 		r, err := withUse(d)
 		if err != nil {
 			fmt.Fprintf(stderr, "hpcvmm devices: %v\n", err)
-			return 1
+			return exitHost
 		}
 		for _, v := range d.VirtFns {
 			vd, err := h.Device(v)
 			if err != nil {
 				fmt.Fprintf(stderr, "hpcvmm devices: VF %s of %s: %v\n", v, d.BDF, err)
-				return 1
+				return exitHost
 			}
 			vr, err := withUse(vd)
 			if err != nil {
 				fmt.Fprintf(stderr, "hpcvmm devices: %v\n", err)
-				return 1
+				return exitHost
 			}
 			r.VFs = append(r.VFs, vr)
 		}
@@ -243,19 +247,19 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(rows); err != nil {
 			fmt.Fprintf(stderr, "hpcvmm devices: %v\n", err)
-			return 1
+			return exitFailed
 		}
-		return 0
+		return exitOK
 	}
 	if len(rows) == 0 {
 		fmt.Fprintln(stdout, "no passthrough-capable devices (GPUs, network/InfiniBand functions, accelerators, or devices on vfio-pci)")
-		return 0
+		return exitOK
 	}
 	if err := writeDeviceTable(stdout, rows); err != nil {
 		fmt.Fprintf(stderr, "hpcvmm devices: %v\n", err)
-		return 1
+		return exitFailed
 	}
-	return 0
+	return exitOK
 }
 
 // writeDeviceTable writes `hpcvmm devices`' rows to w as a table, each

@@ -241,10 +241,7 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 
 	vm, err := vmm.New(cfg)
 	if err != nil {
-		if exitStatus(err) == 2 {
-			return fail(2, "%s", describeError(err))
-		}
-		return fail(jobproto.CodeAgentFailed, "%s", describeError(err))
+		return fail(exitCode(err, jobproto.CodeAgentFailed), "%s", describeError(err))
 	}
 	defer vm.Close()
 

@@ -62,7 +62,7 @@ func newRunCommand() (*command, *runFlags) {
 		"[--user UID[:GID]] [--quiet] [--dns ADDRESS]... [--hostname NAME]",
 		"[-B|--bind SRC[:DST[:ro|rw]]]... [--no-home] [--no-cwd] [--contain]",
 		"[-- COMMAND [ARG...]]")
-	c.footer = runFooter
+	c.footer = runFooter + "\n\n" + exitHelp("run")
 	// The command runs one VM and exits, so the filters are on by default
 	// (the library's zero value is off: see vmm.SeccompOff).
 	f.cfg.Seccomp = vmm.SeccompOn
@@ -122,9 +122,8 @@ func newRunCommand() (*command, *runFlags) {
 	return c.done(), f
 }
 
-// runFooter is the end of `hpcvmm run --help`: the console keys and the
-// exit statuses, which scripts depend on (README.md and docs/running.md have
-// the same).
+// runFooter is the end of `hpcvmm run --help` before the exit statuses
+// (exitTable): Slurm, the console keys, signals and jobs.
 const runFooter = `Under Slurm (srun/sbatch; SLURM_JOB_ID set): --gpu slurm and --vf slurm take the
 step's gpu and nic GRES (SLURM_STEP_GPUS/SLURM_JOB_GPUS indices and
 SLURM_STEP_NICS/SLURM_JOB_NICS device numbers, mapped through gres.conf's
@@ -150,15 +149,7 @@ the VM under hpcvmm's agent: COMMAND's stdout is hpcvmm's stdout, its stderr
 and stdin hpcvmm's; SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and
 SIGCONT go to it; after the first SIGTERM it has --shutdown-timeout before the
 power button, and the guest as long again before a hard stop. hpcvmm exits
-with COMMAND's status: its exit code, 128+N when signal N killed it, 127 not
-found, 126 not executable, 125 the VM or the agent failed (each of 125-127
-with a one-line reason); 2 for invalid input. See docs/jobs.md.
-
-Exit status (a VM without COMMAND):
-  0  the guest rebooted or powered off
-  1  the VM or hpcvmm failed (a triple fault, a KVM error, a VMM error), or the
-     host cannot run this VM (hpcvmm check shows why, with fixes)
-  2  invalid input, reported before anything on the host changes`
+with COMMAND's status (the table below). See docs/jobs.md.`
 
 // toConfig completes the Config: the command line's default follows the
 // console.
@@ -215,19 +206,6 @@ func describeError(err error) string {
 	return strings.Join(msgs, "\nhpcvmm run: ")
 }
 
-// exitStatus maps vmm.New's error to the exit status: 2 when the input is
-// at fault (a vmm.FieldError names the flag), 1 for everything else,
-// including a host that cannot run the VM (a vmm.PreflightError): the same
-// failures make `hpcvmm check` exit 1, and no flag value would fix them.
-func exitStatus(err error) int {
-	var fe *vmm.FieldError
-	var pe *vmm.PreflightError
-	if errors.As(err, &fe) && !errors.As(err, &pe) {
-		return 2
-	}
-	return 1
-}
-
 // setActingFor sets cfg.ActingFor: under Slurm as root (or setuid), every
 // file the user named is opened with that user's rights (issue 30).
 func setActingFor(cfg *vmm.Config, log *slog.Logger) error {
@@ -272,11 +250,11 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	env := &slurm.Env{Host: host.New(sysRoot, procRoot)}
 	if err := applySlurm(&f.cfg, c.fs, env, slurm.AllowedCPUs, log); err != nil {
 		fmt.Fprintln(stderr, "hpcvmm run:", err)
-		return 2
+		return exitCode(err, exitInput) // 3 for a node whose gres.conf does not match it
 	}
 	if err := setActingFor(&f.cfg, log); err != nil {
 		fmt.Fprintln(stderr, "hpcvmm run:", err)
-		return 2
+		return exitInput
 	}
 	if argv != nil {
 		return runJob(c, f, &f.job, argv, stdin, stdout, stderr)
@@ -312,7 +290,7 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	vm, err := vmm.New(cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "hpcvmm run:", describeError(err))
-		return exitStatus(err)
+		return exitCode(err, exitFailed)
 	}
 	built <- vm
 	if termFD >= 0 {
@@ -336,13 +314,13 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	closeErr := vm.Close()
 	if runErr != nil {
 		fmt.Fprintln(stderr, "hpcvmm run:", runErr)
-		return 1
+		return exitFailed
 	}
 	if closeErr != nil {
 		fmt.Fprintln(stderr, "hpcvmm run: releasing the VM:", closeErr)
-		return 1
+		return exitFailed
 	}
-	return 0
+	return exitOK
 }
 
 // refuseBindWithoutJob is the error for --bind on a VM without a job's
