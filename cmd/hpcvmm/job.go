@@ -40,6 +40,9 @@ type jobFlags struct {
 	user     string
 	quiet    bool
 	hostname string
+	// initrdCache is the hidden --initramfs-cache: the initramfs cache
+	// directory ("" the user's own, cachedir.Default), for tests.
+	initrdCache string
 	bindFlags
 }
 
@@ -196,6 +199,13 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 	}
 	defer binds.Close(opened)
 
+	// What needs nothing but the host, before IMAGE is read: a host that
+	// cannot run the VM (no usable KVM, too few hugepages) refuses in
+	// milliseconds, with nothing read of IMAGE and nothing cached.
+	if err := vmm.CheckHost(jobConfig(f.cfg)); err != nil {
+		return fail(exitCode(err, jobproto.CodeAgentFailed), "%s", describeError(err))
+	}
+
 	if jf.rootfs != "" {
 		initrd, code := prepareRootfs(jf.rootfs, f, &spec, checkBindsInImage(opened), log, stderr)
 		if code >= 0 {
@@ -217,9 +227,7 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 		return fail(2, "%v", err)
 	}
 
-	cfg := f.cfg
-	cfg.Cmdline = jobCmdline(cfg.Cmdline)
-	cfg.Console = vmm.ConsoleVirtio // the ports are virtio-console ports
+	cfg := jobConfig(f.cfg)
 	cfg.Stdin = nil
 	watch := &consoleWatch{w: consoleOut}
 	cfg.Stdout = watch // the kernel's console, never COMMAND's stdout
@@ -266,6 +274,14 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 		log.Debug("job: ended", "status", st.String())
 	}
 	return st.ExitCode()
+}
+
+// jobConfig is a job's VM: the flags' with the job's command line and
+// its streams on virtio-console ports.
+func jobConfig(cfg vmm.Config) vmm.Config {
+	cfg.Cmdline = jobCmdline(cfg.Cmdline)
+	cfg.Console = vmm.ConsoleVirtio // the ports are virtio-console ports
+	return cfg
 }
 
 // checkJobFiles refuses a job without its files (or with two sources of
@@ -432,8 +448,23 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, check func(*rootfs
 			fmt.Fprintf(stderr, "hpcvmm run: --rootfs: %v\n", err)
 			return "", 2
 		}
-		// Checked before the build, from IMAGE's index: the archive's
-		// estimate counts names and synthesized parents too.
+		// Checked before the build, from IMAGE's index (the archive's
+		// estimate counts names and synthesized parents too) and what the
+		// build adds (the agent, the modules), so this minimum is the one
+		// the build accepts.
+		if cfgErr == nil {
+			var a, m int64
+			var err error
+			cfg, err = adaptModules(cfg, log, func(c initramfs.Config) (err error) {
+				a, m, err = initramfs.Extra(c)
+				return err
+			})
+			if err == nil {
+				u.Archive, u.Memory = u.Archive+a, u.Memory+m
+			} else {
+				log.Debug("job: the initramfs's modules", "err", err) // the build says it again
+			}
+		}
 		if err := initramfs.Fits(u.Archive, u.Memory, int64(f.cfg.Memory)); err != nil {
 			fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: --memory: %v\n", image, err)
 			return "", 2

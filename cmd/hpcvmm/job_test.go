@@ -36,7 +36,7 @@ func TestJobInputErrors(t *testing.T) {
 		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--env-file", "/nonexistent", "--", "sh"}, 2, []string{"--env-file /nonexistent"}},
 		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--dns", "x", "--", "sh"}, 2, []string{"--dns"}},
 	} {
-		code, _, errOut := hpcvmm(c.args...)
+		code, _, errOut := hpcvmm(onKVMHost(t, c.args)...)
 		assert.Equal(t, c.code, code, "%v: %s", c.args, errOut)
 		for _, w := range c.want {
 			assert.Contains(t, errOut, w, "%v", c.args)
@@ -107,7 +107,7 @@ func TestJobBindInputErrors(t *testing.T) {
 	t.Setenv("XDG_CACHE_HOME", cache)
 	t.Setenv("HOME", cache)
 	job := func(extra ...string) []string {
-		return append(append([]string{"run", "--kernel", kernel, "--rootfs", img, "--contain"}, extra...), "--", "sh")
+		return onKVMHost(t, append(append([]string{"run", "--kernel", kernel, "--rootfs", img, "--contain"}, extra...), "--", "sh"))
 	}
 	for _, c := range []struct {
 		args []string
