@@ -47,14 +47,15 @@ func newRunCommand() (*command, *runFlags) {
 	c := newCommand("hpcvmm run",
 		"Boot a Linux guest directly (no firmware): vCPUs pinned to the host CPUs of one NUMA node, "+
 			"guest RAM on hugepages of that node, prefaulted before the guest starts, devices passed through VFIO.",
-		"hpcvmm run --kernel FILE [--initrd FILE] [--cmdline TEXT] [--cpus N]",
+		"hpcvmm run [--kernel FILE] [--initrd FILE] [--cmdline TEXT] [--cpus N]",
 		"[--kernel-decompress host|guest] [--kernel-cache DIR] [--kernel-cache-size SIZE]",
 		"[--memory SIZE] [--hugepages 1G|2M|none]",
 		"[--numa-node N|auto] [--cpu-list LIST] [--allow-cross-numa] [--prefault-workers N]",
 		"[--cpu-mode dedicated|shared]",
 		"[--gpu BDF[,clique=N]|slurm]... [--vf BDF|slurm[,IB-OPTIONS]]...",
 		"[--bind-devices] [--p2p=false]",
-		"[--net tap=NAME[,mac=MAC][,queues=N][,vhost=on|off]]... [--nccl-topo FILE]",
+		"[--net tap=NAME[,mac=MAC][,queues=N][,vhost=on|off][,bridge=BRIDGE]",
+		"      [,ip=ADDRESS/PREFIX[+rank|+node]|dhcp][,gw=GATEWAY]]... [--nccl-topo FILE]",
 		"[--console virtio|serial|none] [--log-level debug|info|warn|error]",
 		"[--acpi on|off] [--topology host|flat] [--shutdown-timeout DURATION]",
 		"[--seccomp on|off|log]",
@@ -68,7 +69,7 @@ func newRunCommand() (*command, *runFlags) {
 	f.cfg.Seccomp = vmm.SeccompOn
 
 	g := c.group("Guest")
-	g.StringVar(&f.cfg.Kernel, "kernel", "", "`FILE`: the bzImage to boot (required): any distribution kernel, /boot/vmlinuz-*; boot protocol 2.06 or later; or an uncompressed x86-64 vmlinux ELF, entered at its ELF entry point")
+	g.StringVar(&f.cfg.Kernel, "kernel", "", "`FILE`: the bzImage to boot (required without a job's COMMAND; a job boots the running kernel, /boot/vmlinuz-$(uname -r), by default): any distribution kernel, /boot/vmlinuz-*; boot protocol 2.06 or later; or an uncompressed x86-64 vmlinux ELF, entered at its ELF entry point")
 	g.Var(decompressValue{&f.cfg.KernelDecompress}, "kernel-decompress", "where a bzImage's kernel is unpacked: host (once per bzImage, kept in --kernel-cache, entered at its 64-bit entry: the guest skips its decompressor, so in-guest KASLR is off and the kernel runs at its link addresses) or guest (the bzImage's own decompressor at every launch, with KASLR)")
 	g.StringVar(&f.cfg.KernelCache, "kernel-cache", "", "`DIR`: where --kernel-decompress host keeps decompressed kernels, one file per bzImage SHA-256 with the content's SHA-256 checked on first use and whenever the file changed since (by inode, size and times); refused when writable by group or others (default "+vmlinux.DefaultCacheDir+" as root, else the user's own $XDG_CACHE_HOME/hpcvmm/kernels or ~/.cache/hpcvmm/kernels, 0700)")
 	g.Var(int64SizeValue{&f.cfg.KernelCacheMax}, "kernel-cache-size", "bound of --kernel-cache, with a K, M or G suffix; the least recently used kernels are removed beyond it (default 1G)")
