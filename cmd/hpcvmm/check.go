@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -87,13 +88,24 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		return c.usageError(stderr, "%s", describeInputError(err))
 	}
 	rep := preflight.Run(h, req)
+	var tree string
+	var treeErr error
+	if len(gpus)+len(vfs) > 0 {
+		tree, treeErr = guestTree(h, gpus, vfs)
+	}
 	var err error
 	if *asJSON {
-		err = rep.WriteJSON(stdout)
+		err = writeCheckJSON(stdout, rep, tree)
 	} else {
 		err = rep.WriteTable(stdout)
-		if err == nil && len(gpus)+len(vfs) > 0 {
-			err = writeGuestTree(stdout, h, gpus, vfs)
+		switch {
+		case err != nil:
+		case tree != "":
+			_, err = fmt.Fprintf(stdout, "\nguest PCI tree (hpcvmm run --topology host):\n%s", tree)
+		case treeErr != nil && !deviceFailed(rep):
+			// A device the report refused already says why there is no
+			// tree (issue 35: a stray "unknown: lstat" line after it).
+			_, err = fmt.Fprintf(stdout, "\nguest PCI tree: unknown: %v\n", treeErr)
 		}
 	}
 	if err != nil {
@@ -129,32 +141,64 @@ func describeInputError(err error) string {
 	return strings.Join(msgs, "\nhpcvmm check: ")
 }
 
-// writeGuestTree prints the guest PCI tree hpcvmm run builds for the
-// devices with the default --topology host, or why it cannot be known.
-func writeGuestTree(w io.Writer, h *host.Host, gpus, vfs []string) error {
+// guestTree is the guest PCI tree hpcvmm run builds for the devices with
+// the default --topology host, as lspci -tv prints one.
+func guestTree(h *host.Host, gpus, vfs []string) (string, error) {
 	var names []string
 	var bdfs []host.BDF
-	var err error
 	for i, s := range append(append([]string(nil), gpus...), vfs...) {
-		b, perr := host.ParseBDF(s)
-		err = errors.Join(err, perr)
+		b, err := host.ParseBDF(s)
+		if err != nil {
+			return "", err
+		}
 		bdfs = append(bdfs, b)
 		names = append(names, map[bool]string{true: "gpu", false: "vf"}[i < len(gpus)])
 	}
-	var plan *pcitopo.Plan
-	if err == nil {
-		var devs []pcitopo.Device
-		var links map[host.BDF]host.PCILink
-		if devs, links, err = pcitopo.FromHost(h, names, bdfs); err == nil {
-			plan, err = pcitopo.New(pcitopo.Host, devs, links, vmm.PassthroughSlots())
+	devs, links, err := pcitopo.FromHost(h, names, bdfs)
+	if err != nil {
+		return "", err
+	}
+	plan, err := pcitopo.New(pcitopo.Host, devs, links, vmm.PassthroughSlots())
+	if err != nil {
+		return "", err
+	}
+	return plan.String(), nil
+}
+
+// deviceFailed reports whether a device check of rep failed.
+func deviceFailed(rep preflight.Report) bool {
+	for _, r := range rep.Failures() {
+		if r.Name == "device" {
+			return true
 		}
 	}
-	if err != nil {
-		_, err = fmt.Fprintf(w, "\nguest PCI tree: unknown: %v\n", err)
+	return false
+}
+
+// writeCheckJSON writes the report as preflight does, with the guest PCI
+// tree (lines of lspci -tv's form) when there is one.
+func writeCheckJSON(w io.Writer, rep preflight.Report, tree string) error {
+	var b bytes.Buffer
+	if err := rep.WriteJSON(&b); err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(w, "\nguest PCI tree (hpcvmm run --topology host):\n%s", plan)
-	return err
+	if tree == "" {
+		_, err := w.Write(b.Bytes())
+		return err
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b.Bytes(), &fields); err != nil {
+		return err
+	}
+	lines, err := json.Marshal(strings.Split(strings.TrimSuffix(tree, "\n"), "\n"))
+	if err != nil {
+		return err
+	}
+	fields["guest_pci_tree"] = lines
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false) // fix commands hold ">" and "&&"
+	return enc.Encode(fields)
 }
 
 // deviceRow is one device in `hpcvmm devices --json`.

@@ -70,9 +70,12 @@ func TestCheckFixture(t *testing.T) {
 	var rep struct {
 		OK      bool               `json:"ok"`
 		Results []preflight.Result `json:"results"`
+		Tree    []string           `json:"guest_pci_tree"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
 	assert.False(t, rep.OK)
+	assert.Equal(t, []string{"[0000:00] host bridge (--topology host)", " \\-00:0a.0 root port [01] 32.0 GT/s PCIe x16",
+		"   \\-01:00.0 gpu host 0000:00:06.0 [10de:2330] class 030200 32.0 GT/s PCIe x16"}, rep.Tree, "the JSON has the tree too")
 	var sawIOMMU bool
 	for _, r := range rep.Results {
 		if r.Name == "iommu" {
@@ -101,6 +104,13 @@ func TestCheckPassesOnReadyHost(t *testing.T) {
 	assert.Equal(t, exitHost, rc)
 	assert.Contains(t, out, "bound to edu")
 	assert.Contains(t, out, "echo vfio-pci > /sys/bus/pci/devices/0000:00:04.0/driver_override")
+
+	// A device that is not on this host: the report says so, and no
+	// stray "guest PCI tree: unknown" line follows it (issue 35).
+	rc, out, _ = runCLI(check, "--sysfs", tr.Sys(), "--procfs", tr.Proc(), "--gpu", "00:09.0")
+	assert.Equal(t, exitHost, rc)
+	assert.Contains(t, out, "0000:00:09.0")
+	assert.NotContains(t, out, "guest PCI tree")
 
 	// Explicit node that does not exist: bad input, as in hpcvmm run.
 	rc, _, errs = runCLI(check, "--sysfs", tr.Sys(), "--procfs", tr.Proc(), "--numa-node", "3")

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path"
 	"strconv"
 	"strings"
 	"syscall"
@@ -285,13 +286,19 @@ func jobConfig(cfg vmm.Config) vmm.Config {
 }
 
 // checkJobFiles refuses a job without its files (or with two sources of
-// them) and settles the kernel; a code >= 0 is the exit status.
+// them) or with a --console it cannot have, and settles the kernel; a code
+// >= 0 is the exit status.
 func checkJobFiles(c *command, f *runFlags, jf *jobFlags, stderr io.Writer) int {
 	if jf.rootfs != "" && f.cfg.Initrd != "" {
 		return c.usageError(stderr, "--rootfs and --initrd: give one (--rootfs IMAGE builds the initramfs; --initrd FILE must hold hpcvmm at %s)", agentPath)
 	}
 	if jf.rootfs == "" && f.cfg.Initrd == "" {
 		return c.usageError(stderr, "COMMAND needs its files: give --rootfs IMAGE")
+	}
+	if c.fs.Changed("console") && f.cfg.Console != vmm.ConsoleVirtio {
+		// A job's streams are its own ports; the kernel's console goes
+		// to stderr. Said rather than ignored (issue 35).
+		return c.usageError(stderr, "--console %s: a job's stdin, stdout and stderr are COMMAND's (virtio-console ports) and the kernel's console goes to stderr (--quiet drops it): leave --console out", f.cfg.Console)
 	}
 	if err := defaultJobKernel(&f.cfg); err != nil {
 		fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
@@ -335,6 +342,9 @@ func jobSpec(f *runFlags, jf *jobFlags, argv []string) (job.Spec, *pmi.Step, err
 		return job.Spec{}, nil, err
 	}
 	env = append(pmi.JobEnv(os.Environ()), env...)
+	if jf.workdir != "" && !path.IsAbs(jf.workdir) {
+		return job.Spec{}, nil, fmt.Errorf("--workdir %q: not an absolute path in the guest: give one such as /work", jf.workdir)
+	}
 	spec := job.Spec{Argv: argv, Env: env, Workdir: jf.workdir, Hostname: jf.hostname, PMI: step != nil}
 	if jf.user != "" {
 		if spec.UID, spec.GID, err = parseUser(jf.user); err != nil {
@@ -410,7 +420,7 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, check func(*rootfs
 		return asuser.OpenFile(f.cfg.ActingFor, p, os.O_RDONLY|unix.O_NONBLOCK, 0)
 	})
 	if err != nil {
-		fmt.Fprintf(stderr, "hpcvmm run: --rootfs: %v\n", err)
+		fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: %s\n", image, imageError(image, err))
 		return "", 2
 	}
 	defer im.Close()
@@ -439,13 +449,13 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, check func(*rootfs
 		} else if !errors.Is(err, rootfs.ErrNotFound) {
 			code = 2
 		}
-		fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
+		fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: %s\n", image, imageError(image, err))
 		return "", code
 	}
 	if hit == nil {
 		u, err := im.Usage()
 		if err != nil {
-			fmt.Fprintf(stderr, "hpcvmm run: --rootfs: %v\n", err)
+			fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: %s\n", image, imageError(image, err))
 			return "", 2
 		}
 		// Checked before the build, from IMAGE's index (the archive's
@@ -477,10 +487,23 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, check func(*rootfs
 	res := hit
 	if res == nil {
 		if res, err = buildJobInitrd(cfg, log); err != nil {
-			fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: %v\n", image, err)
+			fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: %s\n", image, imageError(image, err))
 			return "", 125
 		}
 	}
 	logInitrd(log, im, res, time.Since(t0))
 	return res.Path, -1
+}
+
+// imageError is err about IMAGE without the package and IMAGE it names
+// itself ("rootfs: image IMAGE: ", "initramfs: image IMAGE "): the line
+// names --rootfs IMAGE once (issue 35: "--rootfs: rootfs: image").
+func imageError(image string, err error) string {
+	msg := err.Error()
+	for _, p := range []string{"rootfs: image " + image + ": ", "rootfs: image " + image + " ", "initramfs: image " + image + ": ", "initramfs: image " + image + " "} {
+		if rest, ok := strings.CutPrefix(msg, p); ok {
+			return rest
+		}
+	}
+	return msg
 }
