@@ -143,6 +143,50 @@ func Fits(archive, unpacked, guestMemory int64) error {
 
 func mib(n int64) int64 { return (n + 1<<20 - 1) >> 20 }
 
+// Extra returns what Build adds to IMAGE's tree for cfg, in archive
+// bytes and unpacked bytes (rootfs.Usage's rules): the directories it
+// makes, the agent and the modules with their list. With an IMAGE's
+// rootfs.Usage it gives the sizes Fits judges before anything is built,
+// so the first refusal names the guest memory the build will accept (it
+// counts every directory, the image's own included: an upper bound by a
+// few KiB). It resolves the modules as Build does (their files read and
+// decompressed) and writes nothing.
+func Extra(cfg Config) (archive, unpacked int64, err error) {
+	if cfg.Image == nil || cfg.Agent == "" || cfg.Release == "" {
+		return 0, 0, errors.New("initramfs: Extra needs Config.Image, Agent and Release")
+	}
+	add := func(name string, size int64) {
+		archive += rootfs.NewcSize(name, size)
+		unpacked += rootfs.EntryOverhead + (size+rootfs.PageSize-1)/rootfs.PageSize*rootfs.PageSize
+	}
+	for _, d := range []string{"proc", "sys", "dev", "tmp", "run", "dev/console", ".hpcvmm"} {
+		add(d, 0)
+	}
+	fi, err := os.Stat(cfg.Agent)
+	if err != nil {
+		return 0, 0, fmt.Errorf("initramfs: agent: %w", err)
+	}
+	add(strings.TrimPrefix(AgentPath, "/"), fi.Size())
+	set, err := kmodules.Resolve(kmodules.Config{Release: cfg.Release, Image: cfg.Image, HostDir: cfg.HostModules, Modules: cfg.Modules, Modaliases: cfg.Modaliases})
+	if err != nil {
+		return 0, 0, err
+	}
+	base := "usr/lib/modules/" + set.Release // lib/modules, or below /lib's target (merged /usr)
+	dirs := map[string]bool{}
+	list := 0
+	for _, m := range set.Modules {
+		name := base + "/" + m.Path
+		for d := path.Dir(name); d != "." && !dirs[d]; d = path.Dir(d) {
+			dirs[d] = true
+			add(d, 0)
+		}
+		add(name, int64(len(m.Data)))
+		list += len(name) + 2
+	}
+	add(strings.TrimPrefix(ModulesList, "/"), int64(list))
+	return archive + 512, unpacked, nil // 512: the slack Build's own check keeps
+}
+
 // CheckAgent refuses an agent binary that is not a static ELF executable:
 // the guest has IMAGE's libraries, not the host's.
 func CheckAgent(p string) error {

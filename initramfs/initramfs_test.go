@@ -652,3 +652,35 @@ func TestLookupBeforeBuild(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, again.Hit)
 }
+
+// TestExtraBoundsTheBuild: IMAGE's Usage plus Extra is what Fits judges
+// before the build; it is never less than what the build makes (so the
+// first refusal's minimum is one the build accepts) and at most a few KiB
+// more. The agent here is padded to 8 MiB so it weighs as hpcvmm does.
+func TestExtraBoundsTheBuild(t *testing.T) {
+	cfg := config(t, imageDir(t))
+	f, err := os.OpenFile(cfg.Agent, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(8<<20))
+	require.NoError(t, f.Close())
+	u, err := cfg.Image.Usage()
+	require.NoError(t, err)
+	a, m, err := Extra(cfg)
+	require.NoError(t, err)
+	res, err := Build(cfg)
+	require.NoError(t, err)
+	require.NotEmpty(t, res.Modules, "the fixture's modules are counted")
+	require.GreaterOrEqual(t, u.Archive+a, res.Size, "archive bytes")
+	require.GreaterOrEqual(t, u.Memory+m, res.Unpacked, "unpacked bytes")
+	require.Less(t, u.Archive+a-res.Size, int64(64<<10), "archive estimate close to the build")
+	require.Less(t, u.Memory+m-res.Unpacked, int64(64<<10), "unpacked estimate close to the build")
+	require.Greater(t, a, int64(8<<20), "the agent counts")
+	// So a guest of Fits' minimum from the estimate builds.
+	need := max(u.Archive+a+Headroom, 2*(u.Memory+m)+Headroom)
+	cfg.GuestMemory, cfg.CacheDir = need, filepath.Join(t.TempDir(), "cache")
+	_, err = Build(cfg)
+	require.NoError(t, err)
+	cfg.GuestMemory, cfg.CacheDir = need-(u.Memory+m-res.Unpacked)*2-(1<<20), filepath.Join(t.TempDir(), "cache")
+	_, err = Build(cfg)
+	require.ErrorContains(t, err, "raise --memory", "a MiB below the build's own minimum is refused")
+}

@@ -140,6 +140,24 @@ func (e noGRES) Is(target error) bool { return target == ErrNoGRES }
 
 func noGRESf(format string, a ...any) error { return noGRES{fmt.Sprintf(format, a...)} }
 
+// ErrNodeSetup is what Resolve's error wraps (errors.Is) when the node is
+// at fault, not the job's request: no gres.conf, or one that does not
+// declare the job's devices for this node by their VFIO groups, a group
+// file missing (its devices not on vfio-pci), not the job user's or held
+// by another process, an IOMMU group not on this host. hpcvmm exits 3 on
+// it, the status an Epilog or health check drains a node on.
+var ErrNodeSetup = errors.New("slurm: the node's setup does not match its gres.conf")
+
+// nodeSetup is an error of the node's setup: ErrNodeSetup for errors.Is,
+// with its own message and cause.
+type nodeSetup struct{ err error }
+
+func (e nodeSetup) Error() string        { return e.err.Error() }
+func (e nodeSetup) Unwrap() error        { return e.err }
+func (e nodeSetup) Is(target error) bool { return target == ErrNodeSetup }
+
+func nodeSetupf(format string, a ...any) error { return nodeSetup{fmt.Errorf(format, a...)} }
+
 // Resolve finds the devices Slurm gave this step (or job) of GRES name,
 // their VFIO groups and the PCI functions in those groups, and checks that
 // the job may open each group. Nothing on the host changes.
@@ -180,7 +198,7 @@ func (e *Env) Resolve(name string) (*Selection, error) {
 	}
 	conf, err := e.gresConf()
 	if err != nil {
-		return nil, fmt.Errorf("slurm: %s is set but %w", sel.Source, err)
+		return nil, nodeSetupf("slurm: %s is set but %w", sel.Source, err)
 	}
 	var mine []Device
 	for _, d := range conf.Devices {
@@ -189,7 +207,7 @@ func (e *Env) Resolve(name string) (*Selection, error) {
 		}
 	}
 	if len(mine) == 0 {
-		return nil, fmt.Errorf("slurm: %s, but %s declares no Name=%s with File= for node %s: add a line such as Name=%s File=/dev/vfio/<group>%s",
+		return nil, nodeSetupf("slurm: %s, but %s declares no Name=%s with File= for node %s: add a line such as Name=%s File=/dev/vfio/<group>%s",
 			sel.Source, conf.Path, name, conf.Node, name, countedHint(conf, name))
 	}
 	for _, v := range values {
@@ -199,12 +217,12 @@ func (e *Env) Resolve(name string) (*Selection, error) {
 			if !byIndex {
 				what = "device number (the number File= ends in)"
 			}
-			return nil, fmt.Errorf("slurm: %s: no %s %s %d in %s for node %s (it declares %s): is this the gres.conf slurmd reads?",
+			return nil, nodeSetupf("slurm: %s: no %s %s %d in %s for node %s (it declares %s): is this the gres.conf slurmd reads?",
 				sel.Source, name, what, v, conf.Path, conf.Node, describeDevices(mine))
 		}
 		g, err := vfioGroup(d.File)
 		if err != nil {
-			return nil, fmt.Errorf("slurm: %s gives %s, declared on %s line %d: %w", sel.Source, d.File, conf.Path, d.Line, err)
+			return nil, nodeSetupf("slurm: %s gives %s, declared on %s line %d: %w", sel.Source, d.File, conf.Path, d.Line, err)
 		}
 		if !inScript {
 			if err := e.openGroup(g, d, sel.Source); err != nil {
@@ -213,7 +231,7 @@ func (e *Env) Resolve(name string) (*Selection, error) {
 		}
 		members, err := e.host().IOMMUGroupMembers(g)
 		if err != nil {
-			return nil, fmt.Errorf("slurm: %s gives %s, but IOMMU group %d is not on this host (%w): check gres.conf against `hpcvmm devices`", sel.Source, d.File, g, err)
+			return nil, nodeSetupf("slurm: %s gives %s, but IOMMU group %d is not on this host (%w): check gres.conf against `hpcvmm devices`", sel.Source, d.File, g, err)
 		}
 		n := 0
 		for _, b := range members {
@@ -228,7 +246,7 @@ func (e *Env) Resolve(name string) (*Selection, error) {
 			n++
 		}
 		if n == 0 {
-			return nil, fmt.Errorf("slurm: %s gives %s, but IOMMU group %d has no device to pass through (only bridges)", sel.Source, d.File, g)
+			return nil, nodeSetupf("slurm: %s gives %s, but IOMMU group %d has no device to pass through (only bridges)", sel.Source, d.File, g)
 		}
 		sel.Devices = append(sel.Devices, d)
 		sel.Groups = append(sel.Groups, g)
@@ -351,11 +369,11 @@ func groupOpenError(err error, p string, d Device, source string) error {
 	case errors.Is(err, unix.EPERM):
 		return fmt.Errorf("slurm: %s gives %s, but this job's device cgroup does not let it open %s (EPERM): the job was not allocated that %s; request it with --gres=%s:N, or fix gres.conf if the index is wrong", source, d.File, p, d.Name, d.Name)
 	case errors.Is(err, unix.EACCES):
-		return fmt.Errorf("slurm: %s gives %s, but %s is not accessible to this user (EACCES): the Prolog must chown the job's VFIO groups to $SLURM_JOB_USER (see docs/slurm.md)", source, d.File, p)
+		return nodeSetupf("slurm: %s gives %s, but %s is not accessible to this user (EACCES): the Prolog must chown the job's VFIO groups to $SLURM_JOB_USER (see docs/slurm.md)", source, d.File, p)
 	case errors.Is(err, unix.ENOENT):
-		return fmt.Errorf("slurm: %s gives %s, but %s does not exist: the group's devices are not bound to vfio-pci; bind them in the Prolog (hpcvmm bind) or on the node (see docs/slurm.md)", source, d.File, p)
+		return nodeSetupf("slurm: %s gives %s, but %s does not exist: the group's devices are not bound to vfio-pci; bind them in the Prolog (hpcvmm bind) or on the node (see docs/slurm.md)", source, d.File, p)
 	case errors.Is(err, unix.EBUSY):
-		return fmt.Errorf("slurm: %s gives %s, but %s is open in another process (EBUSY): another VM or job holds the group", source, d.File, p)
+		return nodeSetupf("slurm: %s gives %s, but %s is open in another process (EBUSY): another VM or job holds the group", source, d.File, p)
 	}
 	return fmt.Errorf("slurm: %s gives %s: open %s: %w", source, d.File, p, err)
 }

@@ -148,6 +148,7 @@ func TestResolveWithoutGresConf(t *testing.T) {
 	_, err := n.Env().Resolve(GPU)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "SLURM_STEP_GPUS=0 is set but there is no gres.conf at "+filepath.Join(n.tree.Root, "etc/slurm/gres.conf"))
+	assert.ErrorIs(t, err, ErrNodeSetup, "a node without gres.conf is the node's fault")
 }
 
 func TestGroupOpenErrors(t *testing.T) {
@@ -158,6 +159,11 @@ func TestGroupOpenErrors(t *testing.T) {
 	assert.Contains(t, groupOpenError(unix.EACCES, "/dev/vfio/41", d, "x").Error(), "chown")
 	assert.Contains(t, groupOpenError(unix.EBUSY, "/dev/vfio/41", d, "x").Error(), "another process")
 	assert.True(t, errors.Is(groupOpenError(unix.EIO, "/dev/vfio/41", d, "x"), unix.EIO))
+	// The node's fault or the request's: what hpcvmm's exit status says.
+	assert.NotErrorIs(t, err, ErrNodeSetup, "EPERM: the job was not given the device")
+	for _, e := range []unix.Errno{unix.ENOENT, unix.EACCES, unix.EBUSY} {
+		assert.ErrorIs(t, groupOpenError(e, "/dev/vfio/41", d, "x"), ErrNodeSetup, "%v", e)
+	}
 }
 
 func TestResolveInPrologUsesSqueue(t *testing.T) {

@@ -93,25 +93,41 @@ type Wording struct {
 	ModeFix string
 }
 
-// Explain returns the one-line error for the user that w words.
+// Explain returns the one-line error for the user that w words. The
+// *Error stays in its chain (errors.As), so a caller can tell a refused
+// path from its other errors (hpcvmm exits 3 for one: the host is at
+// fault, not the input).
 func (e *Error) Explain(w Wording) error {
+	return &explained{msg: e.explain(w), err: e}
+}
+
+// explained is Explain's error: the caller's words, the *Error beneath.
+type explained struct {
+	msg string
+	err *Error
+}
+
+func (x *explained) Error() string { return x.msg }
+func (x *explained) Unwrap() error { return x.err }
+
+func (e *Error) explain(w Wording) string {
 	fix := w.Fix
 	switch e.Problem {
 	case NoOwner:
-		return fmt.Errorf("%s%s", w.Subject, e.phrase())
+		return fmt.Sprintf("%s%s", w.Subject, e.phrase())
 	case WrongType:
 		if w.Kind != "" {
-			return fmt.Errorf("%s%s, not a %s: %s", w.Subject, e.phrase(), w.Kind, fix)
+			return fmt.Sprintf("%s%s, not a %s: %s", w.Subject, e.phrase(), w.Kind, fix)
 		}
 	case ForeignOwner:
-		return fmt.Errorf("%s%s%s: %s", w.Subject, e.phrase(), w.OwnerRisk, fix)
+		return fmt.Sprintf("%s%s%s: %s", w.Subject, e.phrase(), w.OwnerRisk, fix)
 	case OpenMode:
 		if w.ModeFix != "" {
 			fix = w.ModeFix
 		}
-		return fmt.Errorf("%s%s%s: %s", w.Subject, e.phrase(), w.ModeRisk, fix)
+		return fmt.Sprintf("%s%s%s: %s", w.Subject, e.phrase(), w.ModeRisk, fix)
 	}
-	return fmt.Errorf("%s%s: %s", w.Subject, e.phrase(), fix)
+	return fmt.Sprintf("%s%s: %s", w.Subject, e.phrase(), fix)
 }
 
 // Check refuses path, whose Lstat (or, for an open file, Stat) is fi, when

@@ -1,6 +1,7 @@
 package trustfs
 
 import (
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -105,7 +106,13 @@ func TestExplain(t *testing.T) {
 		{&Error{Problem: OpenMode, Perm: 0o666}, w, "pkg: cache file /p has mode 0666, writable by group or others, who could choose: chmod go-w /p"},
 		{&Error{Problem: OpenMode, Perm: 0o777}, Wording{Subject: "s", Fix: "f"}, "s has mode 0777, writable by group or others: f"},
 	} {
-		assert.EqualError(t, tc.e.Explain(tc.w), tc.want)
+		err := tc.e.Explain(tc.w)
+		assert.EqualError(t, err, tc.want)
+		// The refusal stays findable beneath the caller's words.
+		var te *Error
+		if assert.ErrorAs(t, fmt.Errorf("wrapped: %w", err), &te) {
+			assert.Same(t, tc.e, te)
+		}
 	}
 	assert.EqualError(t, &Error{Path: "/q", Problem: OpenMode, Perm: 0o620}, "/q has mode 0620, writable by group or others")
 }

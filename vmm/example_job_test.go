@@ -25,7 +25,7 @@ func Example_job() {
 		return
 	}
 	self, _ := os.Executable() // a static hpcvmm binary: the guest agent
-	initrd, err := initramfs.Build(initramfs.Config{Image: im, Agent: self, Release: "6.1.0-18-amd64", GuestMemory: 1 << 30})
+	initrd, err := initramfs.Build(initramfs.Config{Image: im, Agent: self, Release: "6.1.0-56-amd64", GuestMemory: 1 << 30})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -39,7 +39,7 @@ func Example_job() {
 		return
 	}
 	cfg := vmm.DefaultConfig()
-	cfg.Kernel = "/boot/vmlinuz-6.1.0-18-amd64"
+	cfg.Kernel = "/boot/vmlinuz-6.1.0-56-amd64"
 	cfg.Initrd = initrd.Path
 	cfg.Cmdline = "console=ttyS0 quiet reboot=k panic=-1 rdinit=" + initramfs.AgentPath
 	cfg.Stdout = os.Stderr // the kernel's console: never the command's stdout

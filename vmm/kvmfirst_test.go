@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/host/hosttest"
 )
 
@@ -50,4 +51,43 @@ func TestKVMBackendRefusedBeforeDecompression(t *testing.T) {
 	var fe *FieldError
 	require.ErrorAs(t, err, &fe)
 	assert.Equal(t, "KernelCache", fe.Field)
+}
+
+// TestCheckHost: CheckHost gives New's errors for what needs only cfg and
+// the host (input as a FieldError, a host that cannot run the VM as a
+// PreflightError) and nil where the host can, reading no initrd.
+func TestCheckHost(t *testing.T) {
+	tree := func(kvm bool) *hosttest.Tree {
+		tr := hosttest.New(t)
+		tr.Node(0, "0-3", 8<<30)
+		tr.CPUInfo(46)
+		tr.Interrupts(true)
+		if kvm {
+			tr.KVM()
+			tr.Write("sys/module/kvm_intel/parameters/nested", "Y\n")
+		}
+		return tr
+	}
+	cfg := func(tr *hosttest.Tree) Config {
+		c := DefaultConfig()
+		c.Kernel, c.Memory, c.HugePages, c.SysfsRoot, c.ProcfsRoot = synthKernel(t), 256<<20, guestmem.Page4K, tr.Sys(), tr.Proc()
+		return c
+	}
+	ready := tree(true)
+	require.NoError(t, CheckHost(cfg(ready)))
+
+	c := cfg(tree(false))
+	var pe *PreflightError
+	require.ErrorAs(t, CheckHost(c), &pe)
+	assert.ErrorContains(t, pe, "does not exist: KVM is not available")
+
+	c = cfg(ready)
+	c.Memory = 64 << 30 // more than the node has
+	var fe *FieldError
+	require.ErrorAs(t, CheckHost(c), &fe)
+	assert.Equal(t, "Memory", fe.Field)
+
+	c = cfg(ready)
+	c.Passthrough.GPUs = []string{"0000:00:09.0"} // not on this host
+	require.ErrorAs(t, CheckHost(c), &pe)
 }

@@ -89,6 +89,51 @@ func checkKVMFirst(cfg *Config) error {
 	return nil
 }
 
+// CheckHost runs the checks of New that need nothing but cfg and the
+// host, and builds, reads or changes nothing: Validate, the sizes against
+// this host, the KVM device and backend, and the preflight checks
+// (`hpcvmm check`'s) for cfg's devices on cfg's node (with NUMANodeAuto,
+// the node auto placement takes). A caller with slow work to do before
+// New calls it first: `hpcvmm run -- COMMAND` before it reads IMAGE or
+// builds the initramfs, so a host that cannot run the VM refuses in
+// milliseconds and writes nothing. New runs the same checks again (the
+// host may change in between). The errors are New's: *FieldError for
+// input, *PreflightError for a host that cannot run the VM.
+func CheckHost(cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if err := checkHostFirst(&cfg); err != nil {
+		return err
+	}
+	if err := checkKVMFirst(&cfg); err != nil {
+		return err
+	}
+	specs, err := cfg.Passthrough.specs()
+	if err != nil {
+		return fieldErr("Passthrough", "%v", err)
+	}
+	req := preflight.Request{
+		Memory: cfg.Memory, PageSize: uint64(cfg.pageSize()), CPUs: cfg.CPUs, NUMANode: cfg.NUMANode,
+		AllowBind: cfg.Passthrough.Bind, FlatTopology: cfg.Topology == TopologyFlat || cfg.NoACPI,
+		PortSlots: PassthroughSlots(),
+	}
+	if cfg.SysfsRoot == "" || cfg.SysfsRoot == "/sys" {
+		req.GroupOpen = ProbeVFIOGroup // as preflightRequest
+	}
+	for _, sp := range specs {
+		if sp.VF {
+			req.VFs = append(req.VFs, sp.BDF.String())
+		} else {
+			req.GPUs = append(req.GPUs, sp.BDF.String())
+		}
+	}
+	if rep := preflight.Run(cfg.host(), req); !rep.OK() {
+		return &PreflightError{Report: rep}
+	}
+	return nil
+}
+
 // host is the host cfg describes: /sys and /proc, or the test trees.
 func (c *Config) host() *host.Host {
 	sysRoot, procRoot := c.SysfsRoot, c.ProcfsRoot

@@ -70,7 +70,7 @@ func TestUserNamedInputsOpenedAsTheJobUser(t *testing.T) {
 
 	tarball := filepath.Join(tr.dir, "img.tar")
 	require.NoError(t, os.WriteFile(tarball, make([]byte, 1024), 0o600))
-	rc, _, errs = hpcvmm("run", "--kernel", tr.kernel, "--rootfs", tarball, "--", "sh")
+	rc, _, errs = hpcvmm(onKVMHost(t, []string{"run", "--kernel", tr.kernel, "--rootfs", tarball, "--", "sh"})...)
 	assert.Equal(t, 2, rc)
 	oneLine(t, errs, "--rootfs", tarball, "permission denied")
 }

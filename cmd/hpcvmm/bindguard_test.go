@@ -39,7 +39,7 @@ func TestBindRefusesWhatTheHostUses(t *testing.T) {
 	}
 
 	rc, out, errs := bind(nic)
-	assert.Equal(t, 1, rc, errs)
+	assert.Equal(t, exitHost, rc, errs)
 	assert.Empty(t, out)
 	assert.Contains(t, errs, "hpcvmm bind: 0000:00:03.0: the host uses it: network interface eth0 (up; carries the default route; 1 routes)")
 	assert.Contains(t, errs, "--force")
@@ -49,7 +49,7 @@ func TestBindRefusesWhatTheHostUses(t *testing.T) {
 	assert.NoDirExists(t, state, "no journal")
 
 	rc, _, errs = bind(disk, nic)
-	assert.Equal(t, 1, rc)
+	assert.Equal(t, exitHost, rc)
 	assert.Contains(t, errs, "0000:3d:00.0: the host uses it: block device nvme0n1p2 (mounted at /)", "the first refused device is named")
 
 	// --force goes past the check to the rebind itself (which this fake

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,9 +27,9 @@ import (
 var kvmCapabilityCheck func(devPath string) []preflight.Result
 
 // runCheck implements `hpcvmm check`: it checks that this host can run the
-// described VM and prints every problem with its fix. Exit status: 0 when
-// the VM could start (warnings allowed), 1 when a check failed, 2 for a
-// usage error.
+// described VM and prints every problem with its fix. Exit status
+// (exitTable): 0 when the VM could start (warnings allowed), 3 when a check
+// failed, 2 for invalid input, 1 when the report could not be written.
 func runCheck(args []string, stdout, stderr io.Writer) int {
 	c := newCommand("hpcvmm check",
 		"Check that this host can run the described VM: KVM and its capabilities, the IOMMU and interrupt remapping, "+
@@ -37,10 +38,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 			"hpcvmm run runs the same checks first.",
 		"hpcvmm check [--gpu BDF]... [--vf BDF]... [--memory SIZE] [--hugepages 1G|2M|none]",
 		"[--cpus N] [--numa-node N|auto] [--cpu-mode dedicated|shared] [--json]")
-	c.footer = `Exit status:
-  0  the VM could start (warnings allowed)
-  1  a check failed
-  2  invalid input`
+	c.footer = exitHelp("check")
 	var gpus, vfs bdfList
 	req := preflight.Request{CPUs: 1, Memory: 1 << 30, NUMANode: vmm.NUMANodeAuto, KVMCheck: kvmCapabilityCheck, PortSlots: vmm.PassthroughSlots()}
 	page := guestmem.Page1G
@@ -66,6 +64,13 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	case req.CPUs < 1:
 		return c.usageError(stderr, "--cpus %d: want 1 or more", req.CPUs)
 	}
+	// A malformed address is bad input, as for bind and run, not a failed
+	// check of the host.
+	for i, s := range append(append([]string(nil), gpus...), vfs...) {
+		if _, err := host.ParseBDF(s); err != nil {
+			return c.usageError(stderr, "--%s: %v", map[bool]string{true: "gpu", false: "vf"}[i < len(gpus)], err)
+		}
+	}
 	req.GPUs, req.VFs, req.PageSize = gpus, vfs, uint64(page)
 	req.CPUMode, req.KVMCheck = string(cpuMode), withCPUChecks(req.KVMCheck, req.CPUs)
 	if *sysRoot == "/sys" {
@@ -83,23 +88,34 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		return c.usageError(stderr, "%s", describeInputError(err))
 	}
 	rep := preflight.Run(h, req)
+	var tree string
+	var treeErr error
+	if len(gpus)+len(vfs) > 0 {
+		tree, treeErr = guestTree(h, gpus, vfs)
+	}
 	var err error
 	if *asJSON {
-		err = rep.WriteJSON(stdout)
+		err = writeCheckJSON(stdout, rep, tree)
 	} else {
 		err = rep.WriteTable(stdout)
-		if err == nil && len(gpus)+len(vfs) > 0 {
-			err = writeGuestTree(stdout, h, gpus, vfs)
+		switch {
+		case err != nil:
+		case tree != "":
+			_, err = fmt.Fprintf(stdout, "\nguest PCI tree (hpcvmm run --topology host):\n%s", tree)
+		case treeErr != nil && !deviceFailed(rep):
+			// A device the report refused already says why there is no
+			// tree (issue 35: a stray "unknown: lstat" line after it).
+			_, err = fmt.Fprintf(stdout, "\nguest PCI tree: unknown: %v\n", treeErr)
 		}
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "hpcvmm check: write report: %v\n", err)
-		return 1
+		return exitFailed
 	}
 	if !rep.OK() {
-		return 1
+		return exitHost
 	}
-	return 0
+	return exitOK
 }
 
 // requestFlags maps preflight.Request fields to the flags of hpcvmm check
@@ -125,32 +141,64 @@ func describeInputError(err error) string {
 	return strings.Join(msgs, "\nhpcvmm check: ")
 }
 
-// writeGuestTree prints the guest PCI tree hpcvmm run builds for the
-// devices with the default --topology host, or why it cannot be known.
-func writeGuestTree(w io.Writer, h *host.Host, gpus, vfs []string) error {
+// guestTree is the guest PCI tree hpcvmm run builds for the devices with
+// the default --topology host, as lspci -tv prints one.
+func guestTree(h *host.Host, gpus, vfs []string) (string, error) {
 	var names []string
 	var bdfs []host.BDF
-	var err error
 	for i, s := range append(append([]string(nil), gpus...), vfs...) {
-		b, perr := host.ParseBDF(s)
-		err = errors.Join(err, perr)
+		b, err := host.ParseBDF(s)
+		if err != nil {
+			return "", err
+		}
 		bdfs = append(bdfs, b)
 		names = append(names, map[bool]string{true: "gpu", false: "vf"}[i < len(gpus)])
 	}
-	var plan *pcitopo.Plan
-	if err == nil {
-		var devs []pcitopo.Device
-		var links map[host.BDF]host.PCILink
-		if devs, links, err = pcitopo.FromHost(h, names, bdfs); err == nil {
-			plan, err = pcitopo.New(pcitopo.Host, devs, links, vmm.PassthroughSlots())
+	devs, links, err := pcitopo.FromHost(h, names, bdfs)
+	if err != nil {
+		return "", err
+	}
+	plan, err := pcitopo.New(pcitopo.Host, devs, links, vmm.PassthroughSlots())
+	if err != nil {
+		return "", err
+	}
+	return plan.String(), nil
+}
+
+// deviceFailed reports whether a device check of rep failed.
+func deviceFailed(rep preflight.Report) bool {
+	for _, r := range rep.Failures() {
+		if r.Name == "device" {
+			return true
 		}
 	}
-	if err != nil {
-		_, err = fmt.Fprintf(w, "\nguest PCI tree: unknown: %v\n", err)
+	return false
+}
+
+// writeCheckJSON writes the report as preflight does, with the guest PCI
+// tree (lines of lspci -tv's form) when there is one.
+func writeCheckJSON(w io.Writer, rep preflight.Report, tree string) error {
+	var b bytes.Buffer
+	if err := rep.WriteJSON(&b); err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(w, "\nguest PCI tree (hpcvmm run --topology host):\n%s", plan)
-	return err
+	if tree == "" {
+		_, err := w.Write(b.Bytes())
+		return err
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b.Bytes(), &fields); err != nil {
+		return err
+	}
+	lines, err := json.Marshal(strings.Split(strings.TrimSuffix(tree, "\n"), "\n"))
+	if err != nil {
+		return err
+	}
+	fields["guest_pci_tree"] = lines
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false) // fix commands hold ">" and "&&"
+	return enc.Encode(fields)
 }
 
 // deviceRow is one device in `hpcvmm devices --json`.
@@ -191,7 +239,7 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 		"List the host's passthrough-capable devices (GPUs, network and InfiniBand functions, accelerators, anything on vfio-pci) "+
 			"with their NUMA node, IOMMU group, driver, reset methods and SR-IOV virtual functions: the BDFs for --gpu and --vf.",
 		"hpcvmm devices [--json]")
-	c.footer = "Exit status: 0 listed, 1 the host's PCI devices could not be read, 2 invalid input."
+	c.footer = exitHelp("devices")
 	asJSON := c.group("Output").Bool("json", false, "print the list as JSON")
 	sysRoot, procRoot := hostRootFlags(c)
 	c.done()
@@ -205,7 +253,7 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 	devs, err := h.PassthroughDevices()
 	if err != nil {
 		fmt.Fprintf(stderr, "hpcvmm devices: %v\n", err)
-		return 1
+		return exitHost
 	}
 	rows := make([]deviceRow, 0, len(devs))
 	withUse := func(d *host.Device) (deviceRow, error) {
@@ -221,18 +269,18 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 		r, err := withUse(d)
 		if err != nil {
 			fmt.Fprintf(stderr, "hpcvmm devices: %v\n", err)
-			return 1
+			return exitHost
 		}
 		for _, v := range d.VirtFns {
 			vd, err := h.Device(v)
 			if err != nil {
 				fmt.Fprintf(stderr, "hpcvmm devices: VF %s of %s: %v\n", v, d.BDF, err)
-				return 1
+				return exitHost
 			}
 			vr, err := withUse(vd)
 			if err != nil {
 				fmt.Fprintf(stderr, "hpcvmm devices: %v\n", err)
-				return 1
+				return exitHost
 			}
 			r.VFs = append(r.VFs, vr)
 		}
@@ -243,19 +291,19 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(rows); err != nil {
 			fmt.Fprintf(stderr, "hpcvmm devices: %v\n", err)
-			return 1
+			return exitFailed
 		}
-		return 0
+		return exitOK
 	}
 	if len(rows) == 0 {
 		fmt.Fprintln(stdout, "no passthrough-capable devices (GPUs, network/InfiniBand functions, accelerators, or devices on vfio-pci)")
-		return 0
+		return exitOK
 	}
 	if err := writeDeviceTable(stdout, rows); err != nil {
 		fmt.Fprintf(stderr, "hpcvmm devices: %v\n", err)
-		return 1
+		return exitFailed
 	}
-	return 0
+	return exitOK
 }
 
 // writeDeviceTable writes `hpcvmm devices`' rows to w as a table, each

@@ -48,7 +48,7 @@ func readyTree(t *testing.T) *hosttest.Tree {
 func TestCheckFixture(t *testing.T) {
 	needFixture(t)
 	rc, out, _ := runCLI(check, "--sysfs", checkFixture, "--procfs", "/nonexistent", "--gpu", "0000:00:06.0", "--memory", "4G")
-	assert.Equal(t, 1, rc, "the capture cannot run the VM")
+	assert.Equal(t, exitHost, rc, "the capture cannot run the VM")
 	assert.Regexp(t, `FAIL\s+iommu\s+host\s+no IOMMU groups`, out)
 	assert.Contains(t, out, "fix: enable VT-d in the firmware setup, add intel_iommu=on iommu=pt")
 	assert.Regexp(t, `FAIL\s+driver\s+0000:00:06.0\s+bound to nvidia`, out)
@@ -66,13 +66,16 @@ func TestCheckFixture(t *testing.T) {
 	assert.Contains(t, out, "guest PCI tree (hpcvmm run --topology host):\n[0000:00] host bridge (--topology host)\n \\-00:0a.0 root port [01] 32.0 GT/s PCIe x16\n   \\-01:00.0 gpu host 0000:00:06.0 [10de:2330] class 030200 32.0 GT/s PCIe x16\n")
 
 	rc, out, _ = runCLI(check, "--sysfs", checkFixture, "--procfs", "/nonexistent", "--gpu", "00:06.0", "--json")
-	assert.Equal(t, 1, rc)
+	assert.Equal(t, exitHost, rc)
 	var rep struct {
 		OK      bool               `json:"ok"`
 		Results []preflight.Result `json:"results"`
+		Tree    []string           `json:"guest_pci_tree"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
 	assert.False(t, rep.OK)
+	assert.Equal(t, []string{"[0000:00] host bridge (--topology host)", " \\-00:0a.0 root port [01] 32.0 GT/s PCIe x16",
+		"   \\-01:00.0 gpu host 0000:00:06.0 [10de:2330] class 030200 32.0 GT/s PCIe x16"}, rep.Tree, "the JSON has the tree too")
 	var sawIOMMU bool
 	for _, r := range rep.Results {
 		if r.Name == "iommu" {
@@ -90,17 +93,24 @@ func TestCheckPassesOnReadyHost(t *testing.T) {
 	assert.Equal(t, 0, rc, out+errs)
 	assert.Contains(t, out, "0 failed: the VM can start")
 
-	// Hugepages short: exit 1 with the sysfs write that fixes it.
+	// Hugepages short: exit 3 with the sysfs write that fixes it.
 	rc, out, _ = runCLI(check, "--sysfs", tr.Sys(), "--procfs", tr.Proc(), "--gpu", "00:04.0", "--memory", "4G")
-	assert.Equal(t, 1, rc)
+	assert.Equal(t, exitHost, rc)
 	assert.Contains(t, out, "fix: echo 4 > /sys/devices/system/node/node0/hugepages/hugepages-1048576kB/nr_hugepages")
 
 	// Device back on its host driver.
 	tr.Symlink("sys/bus/pci/devices/0000:00:04.0/driver", "../../../bus/pci/drivers/edu")
 	rc, out, _ = runCLI(check, "--sysfs", tr.Sys(), "--procfs", tr.Proc(), "--gpu", "00:04.0")
-	assert.Equal(t, 1, rc)
+	assert.Equal(t, exitHost, rc)
 	assert.Contains(t, out, "bound to edu")
 	assert.Contains(t, out, "echo vfio-pci > /sys/bus/pci/devices/0000:00:04.0/driver_override")
+
+	// A device that is not on this host: the report says so, and no
+	// stray "guest PCI tree: unknown" line follows it (issue 35).
+	rc, out, _ = runCLI(check, "--sysfs", tr.Sys(), "--procfs", tr.Proc(), "--gpu", "00:09.0")
+	assert.Equal(t, exitHost, rc)
+	assert.Contains(t, out, "0000:00:09.0")
+	assert.NotContains(t, out, "guest PCI tree")
 
 	// Explicit node that does not exist: bad input, as in hpcvmm run.
 	rc, _, errs = runCLI(check, "--sysfs", tr.Sys(), "--procfs", tr.Proc(), "--numa-node", "3")
@@ -203,9 +213,9 @@ func TestCheckAndRunRefuseTheSameInput(t *testing.T) {
 		assert.True(t, strings.HasPrefix(msgRun, "--"), "%q names the flag: %s", args, msgRun)
 	}
 	// A size that fits the node but not today's pool is host state, with a
-	// fix (exit 1), not an input error.
+	// fix (exit 3), not an input error.
 	rc, out, _ := runCLI(check, "--sysfs", tr.Sys(), "--procfs", tr.Proc(), "--memory", "4G")
-	assert.Equal(t, 1, rc)
+	assert.Equal(t, exitHost, rc)
 	assert.Contains(t, out, "2 of the pool's 2 1G hugepages free; the VM needs 4 (4G)")
 	assert.Contains(t, out, "fix: echo 4 > ")
 }

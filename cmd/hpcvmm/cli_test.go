@@ -114,8 +114,8 @@ func TestExitStatusInvalidInput(t *testing.T) {
 }
 
 // TestExitStatusHostCannotRun: a host that cannot run the VM (here: no
-// /dev/kvm) is a failure, exit 1, as `hpcvmm check` reports the same
-// failure, not invalid input: no flag value would fix it.
+// /dev/kvm) is the host's fault, exit 3, as `hpcvmm check` reports the
+// same failure: not invalid input, since no flag value would fix it.
 func TestExitStatusHostCannotRun(t *testing.T) {
 	tr := hosttest.New(t) // no dev/kvm
 	tr.Node(0, "0-3", 8<<30)
@@ -124,14 +124,14 @@ func TestExitStatusHostCannotRun(t *testing.T) {
 	kernel := synthKernel(t)
 	rc, out, errs := hpcvmm("run", "--kernel", kernel, "--memory", "256M", "--hugepages", "none", "--console", "none",
 		"--sysfs", tr.Sys(), "--procfs", tr.Proc())
-	assert.Equal(t, 1, rc, errs)
+	assert.Equal(t, exitHost, rc, errs)
 	assert.Empty(t, out)
 	assert.Contains(t, errs, "hpcvmm run: the host cannot run this VM")
 	assert.Contains(t, errs, filepath.Join(tr.Root, "dev/kvm")+" does not exist: KVM is not available")
 	assert.Contains(t, errs, "fix: modprobe")
 
 	rc, _, _ = hpcvmm("check", "--memory", "256M", "--hugepages", "none", "--sysfs", tr.Sys(), "--procfs", tr.Proc())
-	assert.Equal(t, 1, rc, "hpcvmm check agrees")
+	assert.Equal(t, exitHost, rc, "hpcvmm check agrees")
 }
 
 // singleDashLong matches a long flag spelled with one dash, as the standard flag
@@ -218,7 +218,7 @@ func TestRunHelpGroups(t *testing.T) {
 	})
 	assert.Equal(t, n, visible)
 	assert.Contains(t, out, "Ctrl-A x stops the VM")
-	assert.Regexp(t, `(?m)^Exit status \(a VM without COMMAND\):\n  0  the guest rebooted or powered off\n  1  .*\n.*\n  2  invalid input`, out)
+	assert.True(t, strings.HasSuffix(out, exitHelp("run")+"\n"), "run --help ends with its exit statuses")
 }
 
 // TestREADMEMatchesRunFlags: the `hpcvmm run` flag table of
@@ -265,6 +265,7 @@ func TestREADMEMatchesRunFlags(t *testing.T) {
 	assert.Empty(t, singleDashLong.FindAllString(strings.ReplaceAll(section, "--p2p=false", ""), -1), "GNU-style flags in docs/running.md's run section")
 	assert.Contains(t, section, "Exit status: 0 when the guest reboots or powers off; 1 ")
 	assert.Contains(t, section, "2 for invalid input")
+	assert.Contains(t, section, "3 when the host cannot run the VM")
 	assert.Contains(t, section, "`Ctrl-A Ctrl-A`")
 }
 
@@ -315,14 +316,14 @@ func TestSeccompFlag(t *testing.T) {
 
 // TestUnbindRefusesALooseStateDirectory: `hpcvmm unbind` with a state
 // directory others can write refuses it in one line naming the directory
-// and the fix (exit 1: the host, not the input, is wrong), and lists
+// and the fix (exit 3: the host, not the input, is wrong), and lists
 // nothing as restored.
 func TestUnbindRefusesALooseStateDirectory(t *testing.T) {
 	dir := t.TempDir()
 	require.NoError(t, os.Chmod(dir, 0o777))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "1-00.json"), []byte(`{"pid":1,"changes":[]}`), 0o600))
 	rc, out, errs := hpcvmm("unbind", "--state-dir", dir)
-	assert.Equal(t, 1, rc, errs)
+	assert.Equal(t, exitHost, rc, errs)
 	assert.NotContains(t, out, "restored:")
 	assert.Equal(t, 1, strings.Count(errs, "\n"), errs)
 	assert.Contains(t, errs, "hpcvmm unbind: hoststate: state directory "+dir)

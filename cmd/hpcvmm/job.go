@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path"
 	"strconv"
 	"strings"
 	"syscall"
@@ -40,6 +41,9 @@ type jobFlags struct {
 	user     string
 	quiet    bool
 	hostname string
+	// initrdCache is the hidden --initramfs-cache: the initramfs cache
+	// directory ("" the user's own, cachedir.Default), for tests.
+	initrdCache string
 	bindFlags
 }
 
@@ -196,6 +200,13 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 	}
 	defer binds.Close(opened)
 
+	// What needs nothing but the host, before IMAGE is read: a host that
+	// cannot run the VM (no usable KVM, too few hugepages) refuses in
+	// milliseconds, with nothing read of IMAGE and nothing cached.
+	if err := vmm.CheckHost(jobConfig(f.cfg)); err != nil {
+		return fail(exitCode(err, jobproto.CodeAgentFailed), "%s", describeError(err))
+	}
+
 	if jf.rootfs != "" {
 		initrd, code := prepareRootfs(jf.rootfs, f, &spec, checkBindsInImage(opened), log, stderr)
 		if code >= 0 {
@@ -217,9 +228,7 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 		return fail(2, "%v", err)
 	}
 
-	cfg := f.cfg
-	cfg.Cmdline = jobCmdline(cfg.Cmdline)
-	cfg.Console = vmm.ConsoleVirtio // the ports are virtio-console ports
+	cfg := jobConfig(f.cfg)
 	cfg.Stdin = nil
 	watch := &consoleWatch{w: consoleOut}
 	cfg.Stdout = watch // the kernel's console, never COMMAND's stdout
@@ -241,10 +250,7 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 
 	vm, err := vmm.New(cfg)
 	if err != nil {
-		if exitStatus(err) == 2 {
-			return fail(2, "%s", describeError(err))
-		}
-		return fail(jobproto.CodeAgentFailed, "%s", describeError(err))
+		return fail(exitCode(err, jobproto.CodeAgentFailed), "%s", describeError(err))
 	}
 	defer vm.Close()
 
@@ -271,14 +277,28 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 	return st.ExitCode()
 }
 
+// jobConfig is a job's VM: the flags' with the job's command line and
+// its streams on virtio-console ports.
+func jobConfig(cfg vmm.Config) vmm.Config {
+	cfg.Cmdline = jobCmdline(cfg.Cmdline)
+	cfg.Console = vmm.ConsoleVirtio // the ports are virtio-console ports
+	return cfg
+}
+
 // checkJobFiles refuses a job without its files (or with two sources of
-// them) and settles the kernel; a code >= 0 is the exit status.
+// them) or with a --console it cannot have, and settles the kernel; a code
+// >= 0 is the exit status.
 func checkJobFiles(c *command, f *runFlags, jf *jobFlags, stderr io.Writer) int {
 	if jf.rootfs != "" && f.cfg.Initrd != "" {
 		return c.usageError(stderr, "--rootfs and --initrd: give one (--rootfs IMAGE builds the initramfs; --initrd FILE must hold hpcvmm at %s)", agentPath)
 	}
 	if jf.rootfs == "" && f.cfg.Initrd == "" {
 		return c.usageError(stderr, "COMMAND needs its files: give --rootfs IMAGE")
+	}
+	if c.fs.Changed("console") && f.cfg.Console != vmm.ConsoleVirtio {
+		// A job's streams are its own ports; the kernel's console goes
+		// to stderr. Said rather than ignored (issue 35).
+		return c.usageError(stderr, "--console %s: a job's stdin, stdout and stderr are COMMAND's (virtio-console ports) and the kernel's console goes to stderr (--quiet drops it): leave --console out", f.cfg.Console)
 	}
 	if err := defaultJobKernel(&f.cfg); err != nil {
 		fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
@@ -322,6 +342,9 @@ func jobSpec(f *runFlags, jf *jobFlags, argv []string) (job.Spec, *pmi.Step, err
 		return job.Spec{}, nil, err
 	}
 	env = append(pmi.JobEnv(os.Environ()), env...)
+	if jf.workdir != "" && !path.IsAbs(jf.workdir) {
+		return job.Spec{}, nil, fmt.Errorf("--workdir %q: not an absolute path in the guest: give one such as /work", jf.workdir)
+	}
 	spec := job.Spec{Argv: argv, Env: env, Workdir: jf.workdir, Hostname: jf.hostname, PMI: step != nil}
 	if jf.user != "" {
 		if spec.UID, spec.GID, err = parseUser(jf.user); err != nil {
@@ -397,7 +420,7 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, check func(*rootfs
 		return asuser.OpenFile(f.cfg.ActingFor, p, os.O_RDONLY|unix.O_NONBLOCK, 0)
 	})
 	if err != nil {
-		fmt.Fprintf(stderr, "hpcvmm run: --rootfs: %v\n", err)
+		fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: %s\n", image, imageError(image, err))
 		return "", 2
 	}
 	defer im.Close()
@@ -426,17 +449,32 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, check func(*rootfs
 		} else if !errors.Is(err, rootfs.ErrNotFound) {
 			code = 2
 		}
-		fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
+		fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: %s\n", image, imageError(image, err))
 		return "", code
 	}
 	if hit == nil {
 		u, err := im.Usage()
 		if err != nil {
-			fmt.Fprintf(stderr, "hpcvmm run: --rootfs: %v\n", err)
+			fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: %s\n", image, imageError(image, err))
 			return "", 2
 		}
-		// Checked before the build, from IMAGE's index: the archive's
-		// estimate counts names and synthesized parents too.
+		// Checked before the build, from IMAGE's index (the archive's
+		// estimate counts names and synthesized parents too) and what the
+		// build adds (the agent, the modules), so this minimum is the one
+		// the build accepts.
+		if cfgErr == nil {
+			var a, m int64
+			var err error
+			cfg, err = adaptModules(cfg, log, func(c initramfs.Config) (err error) {
+				a, m, err = initramfs.Extra(c)
+				return err
+			})
+			if err == nil {
+				u.Archive, u.Memory = u.Archive+a, u.Memory+m
+			} else {
+				log.Debug("job: the initramfs's modules", "err", err) // the build says it again
+			}
+		}
 		if err := initramfs.Fits(u.Archive, u.Memory, int64(f.cfg.Memory)); err != nil {
 			fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: --memory: %v\n", image, err)
 			return "", 2
@@ -449,10 +487,23 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, check func(*rootfs
 	res := hit
 	if res == nil {
 		if res, err = buildJobInitrd(cfg, log); err != nil {
-			fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: %v\n", image, err)
+			fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: %s\n", image, imageError(image, err))
 			return "", 125
 		}
 	}
 	logInitrd(log, im, res, time.Since(t0))
 	return res.Path, -1
+}
+
+// imageError is err about IMAGE without the package and IMAGE it names
+// itself ("rootfs: image IMAGE: ", "initramfs: image IMAGE "): the line
+// names --rootfs IMAGE once (issue 35: "--rootfs: rootfs: image").
+func imageError(image string, err error) string {
+	msg := err.Error()
+	for _, p := range []string{"rootfs: image " + image + ": ", "rootfs: image " + image + " ", "initramfs: image " + image + ": ", "initramfs: image " + image + " "} {
+		if rest, ok := strings.CutPrefix(msg, p); ok {
+			return rest
+		}
+	}
+	return msg
 }

@@ -35,12 +35,17 @@ func TestJobInputErrors(t *testing.T) {
 		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--env", "=x", "--", "sh"}, 2, []string{"--env", "KEY=VALUE"}},
 		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--env-file", "/nonexistent", "--", "sh"}, 2, []string{"--env-file /nonexistent"}},
 		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--dns", "x", "--", "sh"}, 2, []string{"--dns"}},
+		// Said before boot rather than ignored or found in the guest (issue 35).
+		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--workdir", "work", "--", "sh"}, 2, []string{`--workdir "work"`, "absolute"}},
+		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--console", "serial", "--", "sh"}, 2, []string{"--console serial", "leave --console out"}},
+		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--console", "virtio", "--", "nosuch"}, 127, []string{"nosuch"}},
 	} {
-		code, _, errOut := hpcvmm(c.args...)
+		code, _, errOut := hpcvmm(onKVMHost(t, c.args)...)
 		assert.Equal(t, c.code, code, "%v: %s", c.args, errOut)
 		for _, w := range c.want {
 			assert.Contains(t, errOut, w, "%v", c.args)
 		}
+		assert.NotRegexp(t, `rootfs: (image|rootfs)|--rootfs: |--rootfs \S+: (rootfs|initramfs): `, errOut, "%v: one prefix", c.args)
 	}
 }
 
@@ -107,7 +112,7 @@ func TestJobBindInputErrors(t *testing.T) {
 	t.Setenv("XDG_CACHE_HOME", cache)
 	t.Setenv("HOME", cache)
 	job := func(extra ...string) []string {
-		return append(append([]string{"run", "--kernel", kernel, "--rootfs", img, "--contain"}, extra...), "--", "sh")
+		return onKVMHost(t, append(append([]string{"run", "--kernel", kernel, "--rootfs", img, "--contain"}, extra...), "--", "sh"))
 	}
 	for _, c := range []struct {
 		args []string

@@ -49,11 +49,15 @@ func kernelRelease(kernel string, as *asuser.User) (string, error) {
 	return "", fmt.Errorf("--kernel %s: its release (which /lib/modules to take) is unknown: pass a distribution bzImage", kernel)
 }
 
+// executable is hpcvmm's own binary, the agent a job's initramfs holds
+// (tests give a static stand-in: a test binary may be dynamically linked).
+var executable = os.Executable
+
 // jobInitrdConfig is what IMAGE's initramfs is built from: the agent
 // (this binary), the guest kernel's release, the modules of the virtio
 // devices and the power button, and the passed-through devices' modaliases.
 func jobInitrdConfig(im *rootfs.Image, f *runFlags) (initramfs.Config, error) {
-	self, err := os.Executable()
+	self, err := executable()
 	if err != nil {
 		return initramfs.Config{}, fmt.Errorf("finding hpcvmm's own binary for the agent: %w", err)
 	}
@@ -85,6 +89,7 @@ func jobInitrdConfig(im *rootfs.Image, f *runFlags) (initramfs.Config, error) {
 		Image: im, Agent: self, Release: release, Modaliases: aliases,
 		Modules:     jobModules(f.job.withBinds),
 		GuestMemory: int64(f.cfg.Memory),
+		CacheDir:    f.job.initrdCache,
 	}, nil
 }
 
@@ -102,14 +107,25 @@ func jobModules(binds bool) []string {
 	return m
 }
 
-// buildJobInitrd builds IMAGE's initramfs into the cache; without the
-// power button's modules when the kernel has none, and without 9pnet_fd
-// when its transport is built into 9pnet.
+// buildJobInitrd builds IMAGE's initramfs into the cache (adaptModules).
 func buildJobInitrd(cfg initramfs.Config, log *slog.Logger) (*initramfs.Result, error) {
+	var res *initramfs.Result
+	_, err := adaptModules(cfg, log, func(c initramfs.Config) (err error) {
+		res, err = initramfs.Build(c)
+		return err
+	})
+	return res, err
+}
+
+// adaptModules calls try with cfg and, while it fails for a module the
+// kernel lacks, again without it: without the power button's modules
+// when the kernel has none, and without 9pnet_fd when its transport is
+// built into 9pnet. It returns the cfg try last ran with.
+func adaptModules(cfg initramfs.Config, log *slog.Logger, try func(initramfs.Config) error) (initramfs.Config, error) {
 	for {
-		res, err := initramfs.Build(cfg)
+		err := try(cfg)
 		if err == nil || !strings.Contains(err.Error(), "neither in") {
-			return res, err
+			return cfg, err
 		}
 		switch {
 		case slices.ContainsFunc(powerButtonModules, func(m string) bool { return strings.Contains(err.Error(), "module "+m+" ") }):
@@ -119,9 +135,9 @@ func buildJobInitrd(cfg initramfs.Config, log *slog.Logger) (*initramfs.Result, 
 			cfg.Modules = slices.DeleteFunc(slices.Clone(cfg.Modules), func(m string) bool { return m == "9pnet_fd" })
 		default:
 			if slices.Contains(cfg.Modules, "9p") {
-				return nil, fmt.Errorf("%w (binding host directories needs the kernel's 9P client: --no-home --no-cwd and no --bind to run without)", err)
+				return cfg, fmt.Errorf("%w (binding host directories needs the kernel's 9P client: --no-home --no-cwd and no --bind to run without)", err)
 			}
-			return nil, err
+			return cfg, err
 		}
 	}
 }

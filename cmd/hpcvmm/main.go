@@ -19,8 +19,11 @@
 // a mistake prints one line naming the flag and pointing at --help
 // (command.usageError) instead of the whole usage.
 //
-// Exit status, for every command: 0 success, 1 a failure of the VM, of
-// hpcvmm or of the host (for check: a failed check), 2 invalid input.
+// Exit status, for every command (exitTable, printed by --help): 0
+// success, 1 a failure of the VM, of hpcvmm or of a change to the host, 2
+// invalid input, 3 a host that cannot do it (no usable KVM, too few free
+// hugepages, a missing /dev/vfio/N...); a job: 125 its VM or agent failed,
+// 126/127 COMMAND not executable/found, else COMMAND's own status.
 package main
 
 import (
@@ -57,7 +60,8 @@ func main() {
 	os.Exit(dispatch(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
-const usage = `usage: hpcvmm COMMAND [flags]
+// usage is hpcvmm --help: the commands and the exit statuses.
+var usage = `usage: hpcvmm COMMAND [flags]
 
 commands:
   run       boot a guest
@@ -68,14 +72,14 @@ commands:
   version   print the version and the revision it was built from
 
 hpcvmm COMMAND --help describes a command's flags.
-Exit status: 0 success, 1 a VM, hpcvmm or host failure, 2 invalid input.
-`
+
+` + exitHelp("") + "\n"
 
 // dispatch runs the command args name and returns the exit status.
 func dispatch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return 2
+		return exitInput
 	}
 	switch args[0] {
 	case "run":
@@ -109,7 +113,9 @@ func dispatch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 func runVersion(args []string, stdout, stderr io.Writer) int {
 	c := newCommand("hpcvmm version",
 		"Print hpcvmm's module version, the VCS revision it was built from (with whether the tree had uncommitted changes, and the commit time) and the Go version.",
-		"hpcvmm version").done()
+		"hpcvmm version")
+	c.footer = exitHelp("version")
+	c.done()
 	if rc := c.parse(args, stdout, stderr); rc >= 0 {
 		return rc
 	}

@@ -39,7 +39,7 @@ func runBind(args []string, stdout, stderr io.Writer) int {
 		"hpcvmm bind [--state-dir DIR] [--gpu BDF|slurm]... [--vf BDF|slurm[,IB-OPTIONS]]... [BDF...]",
 		"hpcvmm bind --if-any --owner USER [--tap NAME,bridge=BR] --gpu slurm --vf slurm")
 	c.footer = "IB-OPTIONS: node-guid=GUID,port-guid=GUID[,link=auto|enable|disable]\nor guid=auto (see hpcvmm run --help).\n\n" +
-		"Exit status: 0 done, 1 a device could not be rebound or set, 2 invalid input."
+		exitHelp("bind")
 	g := c.group("Flags")
 	dir := g.String("state-dir", hoststate.DefaultStateDir, "`DIR`: where hpcvmm journals the host changes it makes")
 	var r bindRequest
@@ -61,6 +61,10 @@ func runBind(args []string, stdout, stderr io.Writer) int {
 	env := &slurm.Env{Host: host.New(*sysRoot, *procRoot), DevDir: *devRoot}
 	pl, err := planBind(r, env, log)
 	if err != nil {
+		if code := exitCode(err, exitInput); code != exitInput {
+			fmt.Fprintln(stderr, "hpcvmm bind:", err) // the node's fault: no --help to point at
+			return code
+		}
 		return c.usageError(stderr, "%v", err)
 	}
 	// A device the host uses is refused before the first change: rebinding
@@ -72,16 +76,16 @@ func runBind(args []string, stdout, stderr io.Writer) int {
 			}
 			if err := vfio.CheckHostUse(env.Host, b); err != nil {
 				fmt.Fprintf(stderr, "hpcvmm bind: %s: %v (--force rebinds it anyway)\n", b, err)
-				return 1
+				return exitHost
 			}
 		}
 	}
 	j := hoststate.Open(hoststate.Options{StateDir: *dir, SysfsRoot: *sysRoot, DevRoot: *devRoot})
 	if err := applyBind(pl, j, *devRoot, stdout); err != nil {
 		fmt.Fprintln(stderr, "hpcvmm bind:", err)
-		return 1
+		return exitCode(err, exitFailed) // 3: a state directory others can write
 	}
-	return 0
+	return exitOK
 }
 
 // runUnbind gives devices rebound by hpcvmm back to their original
@@ -101,12 +105,12 @@ func runUnbind(args []string, stdout, stderr io.Writer) int {
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "hpcvmm unbind:", err)
-		return 1
+		return exitCode(err, exitFailed) // 3: a state directory or journal others could have written
 	}
 	if len(rep.Restored) == 0 {
 		fmt.Fprintln(stdout, "nothing to restore")
 	}
-	return 0
+	return exitOK
 }
 
 // parseJournalArgs parses the flags and BDF arguments of `hpcvmm unbind`.
@@ -118,7 +122,7 @@ func parseJournalArgs(args []string, stdout, stderr io.Writer) (stateDir string,
 			"Without BDFs, every change of every journal whose hpcvmm no longer runs. "+
 			"With SLURM_JOB_ID set (a Slurm Epilog), only that job's journals; without it, never a journal of a Slurm job that squeue says still runs.",
 		"hpcvmm unbind [--state-dir DIR] [BDF...]")
-	c.footer = "Exit status: 0 done, 1 a device could not be rebound, 2 invalid input."
+	c.footer = exitHelp("unbind")
 	dir := c.group("Flags").String("state-dir", hoststate.DefaultStateDir, "`DIR`: where hpcvmm journals the host changes it makes")
 	c.done()
 	if rc := c.parse(args, stdout, stderr); rc >= 0 {

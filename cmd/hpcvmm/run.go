@@ -47,14 +47,15 @@ func newRunCommand() (*command, *runFlags) {
 	c := newCommand("hpcvmm run",
 		"Boot a Linux guest directly (no firmware): vCPUs pinned to the host CPUs of one NUMA node, "+
 			"guest RAM on hugepages of that node, prefaulted before the guest starts, devices passed through VFIO.",
-		"hpcvmm run --kernel FILE [--initrd FILE] [--cmdline TEXT] [--cpus N]",
+		"hpcvmm run [--kernel FILE] [--initrd FILE] [--cmdline TEXT] [--cpus N]",
 		"[--kernel-decompress host|guest] [--kernel-cache DIR] [--kernel-cache-size SIZE]",
 		"[--memory SIZE] [--hugepages 1G|2M|none]",
 		"[--numa-node N|auto] [--cpu-list LIST] [--allow-cross-numa] [--prefault-workers N]",
 		"[--cpu-mode dedicated|shared]",
 		"[--gpu BDF[,clique=N]|slurm]... [--vf BDF|slurm[,IB-OPTIONS]]...",
 		"[--bind-devices] [--p2p=false]",
-		"[--net tap=NAME[,mac=MAC][,queues=N][,vhost=on|off]]... [--nccl-topo FILE]",
+		"[--net tap=NAME[,mac=MAC][,queues=N][,vhost=on|off][,bridge=BRIDGE]",
+		"      [,ip=ADDRESS/PREFIX[+rank|+node]|dhcp][,gw=GATEWAY]]... [--nccl-topo FILE]",
 		"[--console virtio|serial|none] [--log-level debug|info|warn|error]",
 		"[--acpi on|off] [--topology host|flat] [--shutdown-timeout DURATION]",
 		"[--seccomp on|off|log]",
@@ -62,13 +63,13 @@ func newRunCommand() (*command, *runFlags) {
 		"[--user UID[:GID]] [--quiet] [--dns ADDRESS]... [--hostname NAME]",
 		"[-B|--bind SRC[:DST[:ro|rw]]]... [--no-home] [--no-cwd] [--contain]",
 		"[-- COMMAND [ARG...]]")
-	c.footer = runFooter
+	c.footer = runFooter + "\n\n" + exitHelp("run")
 	// The command runs one VM and exits, so the filters are on by default
 	// (the library's zero value is off: see vmm.SeccompOff).
 	f.cfg.Seccomp = vmm.SeccompOn
 
 	g := c.group("Guest")
-	g.StringVar(&f.cfg.Kernel, "kernel", "", "`FILE`: the bzImage to boot (required): any distribution kernel, /boot/vmlinuz-*; boot protocol 2.06 or later; or an uncompressed x86-64 vmlinux ELF, entered at its ELF entry point")
+	g.StringVar(&f.cfg.Kernel, "kernel", "", "`FILE`: the bzImage to boot (required without a job's COMMAND; a job boots the running kernel, /boot/vmlinuz-$(uname -r), by default): any distribution kernel, /boot/vmlinuz-*; boot protocol 2.06 or later; or an uncompressed x86-64 vmlinux ELF, entered at its ELF entry point")
 	g.Var(decompressValue{&f.cfg.KernelDecompress}, "kernel-decompress", "where a bzImage's kernel is unpacked: host (once per bzImage, kept in --kernel-cache, entered at its 64-bit entry: the guest skips its decompressor, so in-guest KASLR is off and the kernel runs at its link addresses) or guest (the bzImage's own decompressor at every launch, with KASLR)")
 	g.StringVar(&f.cfg.KernelCache, "kernel-cache", "", "`DIR`: where --kernel-decompress host keeps decompressed kernels, one file per bzImage SHA-256 with the content's SHA-256 checked on first use and whenever the file changed since (by inode, size and times); refused when writable by group or others (default "+vmlinux.DefaultCacheDir+" as root, else the user's own $XDG_CACHE_HOME/hpcvmm/kernels or ~/.cache/hpcvmm/kernels, 0700)")
 	g.Var(int64SizeValue{&f.cfg.KernelCacheMax}, "kernel-cache-size", "bound of --kernel-cache, with a K, M or G suffix; the least recently used kernels are removed beyond it (default 1G)")
@@ -118,13 +119,13 @@ func newRunCommand() (*command, *runFlags) {
 		fs.StringVar(&f.cfg.RunDir, "run-dir", "", "run directory of the CPU claims (tests; default /run/hpcvmm)")
 		fs.Var(apicIDsValue{&f.cfg.APICIDs}, "apic-ids", "APIC ID of each vCPU, e.g. 0,256 (tests of x2APIC-only IDs)")
 		addBindTuningFlags(fs, &f.job.bindFlags)
+		fs.StringVar(&f.job.initrdCache, "initramfs-cache", "", "initramfs cache directory (tests; default the user's own)")
 	})
 	return c.done(), f
 }
 
-// runFooter is the end of `hpcvmm run --help`: the console keys and the
-// exit statuses, which scripts depend on (README.md and docs/running.md have
-// the same).
+// runFooter is the end of `hpcvmm run --help` before the exit statuses
+// (exitTable): Slurm, the console keys, signals and jobs.
 const runFooter = `Under Slurm (srun/sbatch; SLURM_JOB_ID set): --gpu slurm and --vf slurm take the
 step's gpu and nic GRES (SLURM_STEP_GPUS/SLURM_JOB_GPUS indices and
 SLURM_STEP_NICS/SLURM_JOB_NICS device numbers, mapped through gres.conf's
@@ -150,15 +151,7 @@ the VM under hpcvmm's agent: COMMAND's stdout is hpcvmm's stdout, its stderr
 and stdin hpcvmm's; SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and
 SIGCONT go to it; after the first SIGTERM it has --shutdown-timeout before the
 power button, and the guest as long again before a hard stop. hpcvmm exits
-with COMMAND's status: its exit code, 128+N when signal N killed it, 127 not
-found, 126 not executable, 125 the VM or the agent failed (each of 125-127
-with a one-line reason); 2 for invalid input. See docs/jobs.md.
-
-Exit status (a VM without COMMAND):
-  0  the guest rebooted or powered off
-  1  the VM or hpcvmm failed (a triple fault, a KVM error, a VMM error), or the
-     host cannot run this VM (hpcvmm check shows why, with fixes)
-  2  invalid input, reported before anything on the host changes`
+with COMMAND's status (the table below). See docs/jobs.md.`
 
 // toConfig completes the Config: the command line's default follows the
 // console.
@@ -215,19 +208,6 @@ func describeError(err error) string {
 	return strings.Join(msgs, "\nhpcvmm run: ")
 }
 
-// exitStatus maps vmm.New's error to the exit status: 2 when the input is
-// at fault (a vmm.FieldError names the flag), 1 for everything else,
-// including a host that cannot run the VM (a vmm.PreflightError): the same
-// failures make `hpcvmm check` exit 1, and no flag value would fix them.
-func exitStatus(err error) int {
-	var fe *vmm.FieldError
-	var pe *vmm.PreflightError
-	if errors.As(err, &fe) && !errors.As(err, &pe) {
-		return 2
-	}
-	return 1
-}
-
 // setActingFor sets cfg.ActingFor: under Slurm as root (or setuid), every
 // file the user named is opened with that user's rights (issue 30).
 func setActingFor(cfg *vmm.Config, log *slog.Logger) error {
@@ -272,11 +252,11 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	env := &slurm.Env{Host: host.New(sysRoot, procRoot)}
 	if err := applySlurm(&f.cfg, c.fs, env, slurm.AllowedCPUs, log); err != nil {
 		fmt.Fprintln(stderr, "hpcvmm run:", err)
-		return 2
+		return exitCode(err, exitInput) // 3 for a node whose gres.conf does not match it
 	}
 	if err := setActingFor(&f.cfg, log); err != nil {
 		fmt.Fprintln(stderr, "hpcvmm run:", err)
-		return 2
+		return exitInput
 	}
 	if argv != nil {
 		return runJob(c, f, &f.job, argv, stdin, stdout, stderr)
@@ -312,7 +292,7 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	vm, err := vmm.New(cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "hpcvmm run:", describeError(err))
-		return exitStatus(err)
+		return exitCode(err, exitFailed)
 	}
 	built <- vm
 	if termFD >= 0 {
@@ -336,13 +316,13 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	closeErr := vm.Close()
 	if runErr != nil {
 		fmt.Fprintln(stderr, "hpcvmm run:", runErr)
-		return 1
+		return exitFailed
 	}
 	if closeErr != nil {
 		fmt.Fprintln(stderr, "hpcvmm run: releasing the VM:", closeErr)
-		return 1
+		return exitFailed
 	}
-	return 0
+	return exitOK
 }
 
 // refuseBindWithoutJob is the error for --bind on a VM without a job's

@@ -31,7 +31,7 @@ func (c *checker) cpuMode() {
 		}
 	}
 	enough := len(free) >= c.req.CPUs
-	detail := fmt.Sprintf("%d vCPUs, %d free CPUs of %d on node %d%s", c.req.CPUs, len(free), len(n.CPUs), n.ID, claimed)
+	detail := fmt.Sprintf("%s, %s of %d on node %d%s", count(c.req.CPUs, "vCPU"), count(len(free), "free CPU"), len(n.CPUs), n.ID, claimed)
 	switch {
 	case c.req.CPUMode == "shared":
 		c.add("cpu-mode", subj, Pass, "", "shared (requested): idle vCPUs exit to the host; %s", detail)

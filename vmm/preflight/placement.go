@@ -86,13 +86,13 @@ func (c *checker) node() {
 
 	if c.req.CPUs > 0 {
 		if len(n.CPUs) >= c.req.CPUs {
-			c.add("cpus", subj, Pass, "", "%d CPUs for %d vCPUs", len(n.CPUs), c.req.CPUs)
+			c.add("cpus", subj, Pass, "", "%s for %s", count(len(n.CPUs), "CPU"), count(c.req.CPUs, "vCPU"))
 		} else {
 			fix := fmt.Sprintf("use --cpus %d", len(n.CPUs))
 			if alt := c.nodeWithCPUs(c.req.CPUs); alt >= 0 {
 				fix += fmt.Sprintf(" or --numa-node %d", alt)
 			}
-			c.add("cpus", subj, Warn, fix, "%d CPUs for %d vCPUs: vCPUs will share host CPUs", len(n.CPUs), c.req.CPUs)
+			c.add("cpus", subj, Warn, fix, "%s for %s: vCPUs will share host CPUs", count(len(n.CPUs), "CPU"), count(c.req.CPUs, "vCPU"))
 		}
 	}
 	if c.req.Memory > 0 {

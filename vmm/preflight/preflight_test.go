@@ -745,3 +745,19 @@ func TestGroupOpen(t *testing.T) {
 		assert.False(t, r.OK())
 	}
 }
+
+// TestOneVCPUIsSingular: "1 vCPUs" (issue 35) reads "1 vCPU".
+func TestOneVCPUIsSingular(t *testing.T) {
+	tr := hosttest.New(t)
+	tr.Node(0, "0-1", 8<<30)
+	rep := preflight.Run(tr.Host(), preflight.Request{CPUs: 1, Memory: 256 << 20, PageSize: preflight.Page4K, NUMANode: -1})
+	n := 0
+	for _, r := range rep.Results {
+		if r.Name == "cpus" || r.Name == "cpu-mode" {
+			n++
+			assert.Contains(t, r.Detail, "1 vCPU", r.Name)
+			assert.NotContains(t, r.Detail, "1 vCPUs", r.Name)
+		}
+	}
+	assert.Equal(t, 2, n, "the cpus and cpu-mode rows")
+}

@@ -169,3 +169,11 @@ func (r Report) WriteJSON(w io.Writer) error {
 	enc.SetEscapeHTML(false)
 	return enc.Encode(out{OK: r.OK(), Report: r})
 }
+
+// count is n and noun, plural unless n is 1: "1 vCPU", "2 vCPUs".
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
