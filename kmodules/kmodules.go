@@ -156,6 +156,27 @@ func nameOf(p string) string {
 	return Normalize(strings.TrimSuffix(b, ".ko"))
 }
 
+// MaxName bounds a module name: the kernel's MODULE_NAME_LEN (64 bytes
+// less a pointer, with the terminating NUL) on 64-bit machines.
+const MaxName = 55
+
+// ValidateName checks a module name a user gave (hpcvmm run --module):
+// letters, digits, '_' and '-', at most MaxName bytes, as every module's
+// name is; anything else (a path, a file name with .ko) is no name
+// modules.dep could list.
+func ValidateName(name string) error {
+	if name == "" || len(name) > MaxName {
+		return fmt.Errorf("module name %.80q: want 1 to %d letters, digits, '_' or '-'", name, MaxName)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return fmt.Errorf("module name %q holds %q: want a module's name (letters, digits, '_' or '-'; no path, no .ko), as lsmod shows it", name, string(c))
+		}
+	}
+	return nil
+}
+
 // MaxRelease bounds a kernel release: the kernel's own utsname release
 // field holds 64 bytes (__NEW_UTS_LEN).
 const MaxRelease = 64

@@ -315,3 +315,12 @@ func refMatch(p, s string) bool {
 	}
 	return s != "" && s[0] == p[0] && refMatch(p[1:], s[1:])
 }
+
+func TestValidateName(t *testing.T) {
+	for _, ok := range []string{"rdma_rxe", "nfs", "9pnet_fd", "nvidia-uvm", strings.Repeat("a", MaxName)} {
+		require.NoError(t, ValidateName(ok), ok)
+	}
+	for _, bad := range []string{"", "a/b", "../x", "nfs.ko", "x y", "x\n", strings.Repeat("a", MaxName+1)} {
+		require.Error(t, ValidateName(bad), "%q", bad)
+	}
+}

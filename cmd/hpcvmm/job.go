@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -25,6 +26,7 @@ import (
 	"github.com/hpcvmm/hpcvmm/initramfs"
 	"github.com/hpcvmm/hpcvmm/job"
 	"github.com/hpcvmm/hpcvmm/jobproto"
+	"github.com/hpcvmm/hpcvmm/kmodules"
 	"github.com/hpcvmm/hpcvmm/pmi"
 	"github.com/hpcvmm/hpcvmm/rootfs"
 	"github.com/hpcvmm/hpcvmm/virtio/console"
@@ -40,6 +42,8 @@ type jobFlags struct {
 	user     string
 	quiet    bool
 	hostname string
+	// modules are --module's names, normalized (kmodules.Normalize).
+	modules []string
 	bindFlags
 }
 
@@ -64,6 +68,15 @@ func addJobFlags(c *command, rf *runFlags) {
 		return nil
 	})
 	g.StringVar(&f.hostname, "hostname", "", "`NAME`: the guest's hostname (default the host's, as for a job run directly)")
+	g.Func("module", "`NAME`: a kernel module of the guest kernel's module tree (IMAGE's /lib/modules/RELEASE, else the host's) loaded with its dependencies before COMMAND: a file system client, rdma_rxe, ... (repeatable)", func(s string) error {
+		if err := kmodules.ValidateName(s); err != nil {
+			return err
+		}
+		if n := kmodules.Normalize(s); !slices.Contains(f.modules, n) {
+			f.modules = append(f.modules, n)
+		}
+		return nil
+	})
 	addBindFlags(g, &f.bindFlags)
 }
 
@@ -280,6 +293,9 @@ func checkJobFiles(c *command, f *runFlags, jf *jobFlags, stderr io.Writer) int 
 	if jf.rootfs == "" && f.cfg.Initrd == "" {
 		return c.usageError(stderr, "COMMAND needs its files: give --rootfs IMAGE")
 	}
+	if jf.rootfs == "" && len(jf.modules) > 0 {
+		return c.usageError(stderr, "--module %s needs --rootfs IMAGE: hpcvmm puts the modules into the initramfs it builds (an --initrd of one's own lists its modules in %s)", jf.modules[0], initramfs.ModulesList)
+	}
 	if err := defaultJobKernel(&f.cfg); err != nil {
 		fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
 		return 2
@@ -448,10 +464,19 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, check func(*rootfs
 	}
 	res := hit
 	if res == nil {
-		if res, err = buildJobInitrd(cfg, log); err != nil {
+		if res, err = buildJobInitrd(cfg, f.job.modules, log); err != nil {
+			var me *moduleError
+			if errors.As(err, &me) {
+				fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
+				return "", 2
+			}
 			fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: %v\n", image, err)
 			return "", 125
 		}
+	}
+	if err := checkModuleSource(res, f.job.modules, cfg.Release); err != nil {
+		fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
+		return "", 2
 	}
 	logInitrd(log, im, res, time.Since(t0))
 	return res.Path, -1

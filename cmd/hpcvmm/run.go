@@ -284,6 +284,9 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(f.job.binds) > 0 {
 		return refuseBindWithoutJob(c, f.job.binds[0], stderr)
 	}
+	if len(f.job.modules) > 0 {
+		return c.usageError(stderr, "--module without a COMMAND: a job's initramfs (--rootfs IMAGE -- COMMAND) loads it")
+	}
 	if f.job.rootfs != "" {
 		return c.usageError(stderr, "--rootfs without a COMMAND: give it after --, e.g. hpcvmm run --rootfs %s -- /bin/sh", f.job.rootfs)
 	}
