@@ -29,6 +29,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -72,6 +73,26 @@ type Config struct {
 	// Modaliases are the modalias strings of passed-through devices
 	// (PCIModalias); each brings every module whose alias matches it.
 	Modaliases []string
+	// Optional are module names loaded, with their dependencies, where
+	// the kernel has them and skipped where it has not (Set.Absent): a
+	// GPU driver's nvidia_modeset, which not every driver build has.
+	Optional []string
+	// Exclude are module names a modalias never brings (nouveau, whose
+	// aliases match the GPUs the nvidia driver is loaded for); the device
+	// still counts as matched.
+	Exclude []string
+}
+
+// UnknownModuleError is a module asked for by name (Config.Modules) that
+// the kernel has neither as a module nor built in.
+type UnknownModuleError struct {
+	// Name is the module (normalized), Release the kernel's release and
+	// Where the modules directory looked in.
+	Name, Release, Where string
+}
+
+func (e *UnknownModuleError) Error() string {
+	return fmt.Sprintf("kmodules: module %s is neither in %s/modules.dep nor built into kernel %s: use a kernel that has it", e.Name, e.Where, e.Release)
 }
 
 // Module is one module to load.
@@ -110,6 +131,8 @@ type Set struct {
 	// Unmatched are the modaliases no module (loadable or built in)
 	// claims: such a device has no driver in the guest kernel.
 	Unmatched []string
+	// Absent are the Config.Optional modules the kernel lacks.
+	Absent []string
 }
 
 // index is a modules directory's text indexes.
@@ -121,9 +144,6 @@ type index struct {
 	bAlias  [][2]string         // built-in modules' aliases (modules.builtin.modinfo)
 }
 
-// Normalize returns a module name as the kernel spells it: '-' → '_'.
-func Normalize(name string) string { return strings.ReplaceAll(name, "-", "_") }
-
 // nameOf is the module name of a modules.dep path.
 func nameOf(p string) string {
 	b := path.Base(p)
@@ -131,33 +151,6 @@ func nameOf(p string) string {
 		b = strings.TrimSuffix(b, suf)
 	}
 	return Normalize(strings.TrimSuffix(b, ".ko"))
-}
-
-// MaxRelease bounds a kernel release: the kernel's own utsname release
-// field holds 64 bytes (__NEW_UTS_LEN).
-const MaxRelease = 64
-
-// ValidateRelease checks a kernel release taken from a kernel image (its
-// version string, which whoever built the image chose) before it names a
-// directory under /lib/modules: one path element (no '/', not "." or
-// ".."), printable ASCII without spaces, at most MaxRelease bytes. A
-// release "../../home/u/mods" would otherwise make hpcvmm read modules,
-// as root, from wherever the image's author wanted.
-func ValidateRelease(r string) error {
-	switch {
-	case r == "":
-		return errors.New("the kernel image carries no release in its version string: pass a distribution kernel")
-	case len(r) > MaxRelease:
-		return fmt.Errorf("kernel release %.80q... is %d bytes, longer than any kernel's (%d): not a release name; pass a distribution kernel", r, len(r), MaxRelease)
-	case r == "." || r == "..":
-		return fmt.Errorf("kernel release %q is not a release name: pass a distribution kernel", r)
-	}
-	for i := 0; i < len(r); i++ {
-		if c := r[i]; c == '/' || c <= ' ' || c >= 0x7f {
-			return fmt.Errorf("kernel release %q holds %q, which no release has (it must be one directory name under /lib/modules): pass a distribution kernel", r, string(c))
-		}
-	}
-	return nil
 }
 
 // Resolve picks the modules cfg asks for and reads them.
@@ -180,29 +173,39 @@ func Resolve(cfg Config) (*Set, error) {
 	set := &Set{Release: cfg.Release}
 	if src == nil {
 		set.Unmatched = append(set.Unmatched, cfg.Modaliases...)
+		for _, m := range cfg.Optional {
+			set.Absent = append(set.Absent, Normalize(m))
+		}
 		return set, nil
 	}
 	set.Source = src.where
 	ix := src.ix
 
 	var names []string
-	for _, m := range want {
+	for i, m := range append(slices.Clone(want), cfg.Optional...) {
 		n := Normalize(m)
 		switch {
+		case slicesContains(names, n) || slicesContains(set.Builtin, n):
 		case ix.paths[n] != "":
 			names = append(names, n)
 		case ix.builtin[n]:
 			set.Builtin = append(set.Builtin, n)
+		case i >= len(want):
+			set.Absent = append(set.Absent, n)
 		default:
-			return nil, fmt.Errorf("kmodules: module %s is neither in %s/modules.dep nor built into kernel %s: use a kernel that has it", n, src.where, cfg.Release)
+			return nil, &UnknownModuleError{Name: n, Release: cfg.Release, Where: src.where}
 		}
+	}
+	excluded := map[string]bool{}
+	for _, m := range cfg.Exclude {
+		excluded[Normalize(m)] = true
 	}
 	for _, alias := range cfg.Modaliases {
 		matched := false
 		for _, a := range ix.aliases {
 			if Match(a[0], alias) {
 				matched = true
-				if ix.paths[a[1]] != "" && !slicesContains(names, a[1]) {
+				if ix.paths[a[1]] != "" && !excluded[a[1]] && !slicesContains(names, a[1]) {
 					names = append(names, a[1])
 				}
 			}

@@ -62,6 +62,9 @@ func TestResolveBuiltinAndMissing(t *testing.T) {
 
 	_, err = Resolve(Config{Release: fixtureRelease, HostDir: fixture(t), Modules: []string{"nonexistent"}})
 	require.ErrorContains(t, err, "module nonexistent is neither in")
+	var unknown *UnknownModuleError
+	require.ErrorAs(t, err, &unknown)
+	require.Equal(t, UnknownModuleError{Name: "nonexistent", Release: fixtureRelease, Where: filepath.Join(fixture(t), fixtureRelease)}, *unknown)
 
 	set, err = Resolve(Config{Release: "9.9.9-none", HostDir: fixture(t), Modaliases: []string{nvmeAlias}})
 	require.NoError(t, err)
@@ -70,6 +73,29 @@ func TestResolveBuiltinAndMissing(t *testing.T) {
 
 	_, err = Resolve(Config{Release: "../etc", HostDir: fixture(t)})
 	require.ErrorContains(t, err, "which no release has")
+}
+
+// TestResolveOptionalAndExclude: an optional module loads with its
+// dependencies where the tree has it and is reported absent where not; an
+// excluded module is never brought by a modalias, whose device still counts
+// as matched.
+func TestResolveOptionalAndExclude(t *testing.T) {
+	set, err := Resolve(Config{Release: fixtureRelease, HostDir: fixture(t), Modules: []string{"virtio_pci"},
+		Optional: []string{"nvidia-modeset", "uas", "virtio_blk"}, Modaliases: []string{nvmeAlias, usbAlias}, Exclude: []string{"usb-storage", "nvme"}})
+	require.NoError(t, err)
+	require.Equal(t, []string{"virtio_pci_legacy_dev", "virtio_pci_modern_dev", "virtio", "virtio_ring", "virtio_pci", "usb_storage", "uas"}, set.Names(),
+		"uas (optional) brings usb_storage as its dependency; nvme is excluded")
+	require.Equal(t, []string{"nvidia_modeset"}, set.Absent)
+	require.Equal(t, []string{"virtio_blk"}, set.Builtin)
+	require.Empty(t, set.Unmatched, "excluded modules still match their devices")
+
+	set, err = Resolve(Config{Release: fixtureRelease, HostDir: fixture(t), Modules: []string{}, Modaliases: []string{nvmeAlias}})
+	require.NoError(t, err)
+	require.Equal(t, []string{"nvme_core", "nvme"}, set.Names(), "without Exclude the alias brings nvme")
+
+	set, err = Resolve(Config{Release: "9.9.9-none", HostDir: fixture(t), Optional: []string{"uas"}})
+	require.NoError(t, err)
+	require.Equal(t, []string{"uas"}, set.Absent, "no modules directory: every optional module is absent")
 }
 
 // TestValidateRelease: a release is one plain directory name under
@@ -288,4 +314,13 @@ func refMatch(p, s string) bool {
 		}
 	}
 	return s != "" && s[0] == p[0] && refMatch(p[1:], s[1:])
+}
+
+func TestValidateName(t *testing.T) {
+	for _, ok := range []string{"rdma_rxe", "nfs", "9pnet_fd", "nvidia-uvm", strings.Repeat("a", MaxName)} {
+		require.NoError(t, ValidateName(ok), ok)
+	}
+	for _, bad := range []string{"", "a/b", "../x", "nfs.ko", "x y", "x\n", strings.Repeat("a", MaxName+1)} {
+		require.Error(t, ValidateName(bad), "%q", bad)
+	}
 }

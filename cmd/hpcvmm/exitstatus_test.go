@@ -171,7 +171,7 @@ func TestExitHelpIsOneTable(t *testing.T) {
 // initramfs cache, and the refusal takes milliseconds, not the seconds of a
 // build (issue 35).
 func TestJobOnRefusedHostReadsNoImage(t *testing.T) {
-	staticAgent(t)
+	useStaticAgent(t)
 	kernel := synthKernelRelease(t, "6.1.0-test")
 	img := t.TempDir()
 	require.NoError(t, os.MkdirAll(filepath.Join(img, "bin"), 0o755))
@@ -201,31 +201,10 @@ func TestJobOnRefusedHostReadsNoImage(t *testing.T) {
 	}
 }
 
-// staticAgent writes the smallest static ELF executable initramfs takes
-// as its agent (one PT_LOAD, no PT_INTERP) and makes it the job's agent
-// for this test: the test binary itself may be dynamically linked.
-func staticAgent(t *testing.T) {
-	b := make([]byte, 64+56+8)
-	copy(b, "\x7fELF\x02\x01\x01")
-	le := binary.LittleEndian
-	le.PutUint16(b[16:], 2)        // ET_EXEC
-	le.PutUint16(b[18:], 0x3e)     // x86-64
-	le.PutUint32(b[20:], 1)        // EV_CURRENT
-	le.PutUint64(b[24:], 0x400078) // entry
-	le.PutUint64(b[32:], 64)       // phoff
-	le.PutUint16(b[52:], 64)       // ehsize
-	le.PutUint16(b[54:], 56)       // phentsize
-	le.PutUint16(b[56:], 1)        // phnum
-	ph := b[64:]
-	le.PutUint32(ph[0:], 1) // PT_LOAD
-	le.PutUint32(ph[4:], 5) // R+X
-	le.PutUint64(ph[16:], 0x400000)
-	le.PutUint64(ph[24:], 0x400000)
-	le.PutUint64(ph[32:], uint64(len(b)))
-	le.PutUint64(ph[40:], uint64(len(b)))
-	le.PutUint64(ph[48:], 0x1000)
-	p := filepath.Join(t.TempDir(), "hpcvmm")
-	require.NoError(t, os.WriteFile(p, b, 0o755))
+// useStaticAgent makes staticAgent's executable the job's agent for this
+// test: the test binary itself may be dynamically linked.
+func useStaticAgent(t *testing.T) {
+	p := staticAgent(t)
 	old := executable
 	executable = func() (string, error) { return p, nil }
 	t.Cleanup(func() { executable = old })
@@ -250,7 +229,7 @@ func synthKernelRelease(t *testing.T, release string) string {
 // launch with exactly that --memory builds the initramfs instead of
 // asking for more (issue 35: 133 MiB, then 155 MiB).
 func TestJobMemoryMinimumIsTheOneThatWorks(t *testing.T) {
-	staticAgent(t)
+	useStaticAgent(t)
 	agent, err := executable()
 	require.NoError(t, err)
 	require.NoError(t, os.Truncate(agent, 40<<20))

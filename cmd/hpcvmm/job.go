@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -26,6 +27,7 @@ import (
 	"github.com/hpcvmm/hpcvmm/initramfs"
 	"github.com/hpcvmm/hpcvmm/job"
 	"github.com/hpcvmm/hpcvmm/jobproto"
+	"github.com/hpcvmm/hpcvmm/kmodules"
 	"github.com/hpcvmm/hpcvmm/pmi"
 	"github.com/hpcvmm/hpcvmm/rootfs"
 	"github.com/hpcvmm/hpcvmm/virtio/console"
@@ -44,6 +46,8 @@ type jobFlags struct {
 	// initrdCache is the hidden --initramfs-cache: the initramfs cache
 	// directory ("" the user's own, cachedir.Default), for tests.
 	initrdCache string
+	// modules are --module's names, normalized (kmodules.Normalize).
+	modules []string
 	bindFlags
 }
 
@@ -68,6 +72,15 @@ func addJobFlags(c *command, rf *runFlags) {
 		return nil
 	})
 	g.StringVar(&f.hostname, "hostname", "", "`NAME`: the guest's hostname (default the host's, as for a job run directly)")
+	g.Func("module", "`NAME`: a kernel module of the guest kernel's module tree (IMAGE's /lib/modules/RELEASE, else the host's) loaded with its dependencies before COMMAND: a file system client, rdma_rxe, ... (repeatable)", func(s string) error {
+		if err := kmodules.ValidateName(s); err != nil {
+			return err
+		}
+		if n := kmodules.Normalize(s); !slices.Contains(f.modules, n) {
+			f.modules = append(f.modules, n)
+		}
+		return nil
+	})
 	addBindFlags(g, &f.bindFlags)
 }
 
@@ -300,6 +313,9 @@ func checkJobFiles(c *command, f *runFlags, jf *jobFlags, stderr io.Writer) int 
 		// to stderr. Said rather than ignored (issue 35).
 		return c.usageError(stderr, "--console %s: a job's stdin, stdout and stderr are COMMAND's (virtio-console ports) and the kernel's console goes to stderr (--quiet drops it): leave --console out", f.cfg.Console)
 	}
+	if jf.rootfs == "" && len(jf.modules) > 0 {
+		return c.usageError(stderr, "--module %s needs --rootfs IMAGE: hpcvmm puts the modules into the initramfs it builds (an --initrd of one's own lists its modules in %s)", jf.modules[0], initramfs.ModulesList)
+	}
 	if err := defaultJobKernel(&f.cfg); err != nil {
 		fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
 		return 2
@@ -465,7 +481,7 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, check func(*rootfs
 		if cfgErr == nil {
 			var a, m int64
 			var err error
-			cfg, err = adaptModules(cfg, log, func(c initramfs.Config) (err error) {
+			cfg, err = adaptModules(cfg, f.job.modules, log, func(c initramfs.Config) (err error) {
 				a, m, err = initramfs.Extra(c)
 				return err
 			})
@@ -486,10 +502,19 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, check func(*rootfs
 	}
 	res := hit
 	if res == nil {
-		if res, err = buildJobInitrd(cfg, log); err != nil {
+		if res, err = buildJobInitrd(cfg, f.job.modules, log); err != nil {
+			var me *moduleError
+			if errors.As(err, &me) {
+				fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
+				return "", 2
+			}
 			fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: %s\n", image, imageError(image, err))
 			return "", 125
 		}
+	}
+	if err := checkModuleSource(res, f.job.modules, cfg.Release); err != nil {
+		fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
+		return "", 2
 	}
 	logInitrd(log, im, res, time.Since(t0))
 	return res.Path, -1

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -87,7 +88,7 @@ func jobInitrdConfig(im *rootfs.Image, f *runFlags) (initramfs.Config, error) {
 	slices.Sort(aliases) // map order must not change the cache key
 	return initramfs.Config{
 		Image: im, Agent: self, Release: release, Modaliases: aliases,
-		Modules:     jobModules(f.job.withBinds),
+		Modules:     jobModules(f.job.withBinds, f.job.modules),
 		GuestMemory: int64(f.cfg.Memory),
 		CacheDir:    f.job.initrdCache,
 	}, nil
@@ -98,19 +99,29 @@ func jobInitrdConfig(im *rootfs.Image, f *runFlags) (initramfs.Config, error) {
 // since Linux 6.2 (before, trans=fd is part of 9pnet, which 9p needs).
 var bindModules = []string{"9pnet_fd", "9p"}
 
-// jobModules are the modules a job's guest loads besides the devices'.
-func jobModules(binds bool) []string {
+// jobModules are the modules a job's guest loads besides the devices':
+// the defaults, the binds' 9P client, then the user's --module names.
+func jobModules(binds bool, user []string) []string {
 	m := append(append([]string(nil), kmodules.DefaultModules...), powerButtonModules...)
 	if binds {
 		m = append(m, bindModules...)
 	}
-	return m
+	return append(m, user...)
+}
+
+// moduleError is a --module the guest kernel does not have: the user's
+// input, refused before boot with exit status 2.
+type moduleError struct{ err *kmodules.UnknownModuleError }
+
+func (e *moduleError) Error() string {
+	return fmt.Sprintf("--module %s: kernel %s has no module %s (neither in %s/modules.dep nor built in): check the name (lsmod spells it), or boot a kernel that has it (--kernel)",
+		e.err.Name, e.err.Release, e.err.Name, e.err.Where)
 }
 
 // buildJobInitrd builds IMAGE's initramfs into the cache (adaptModules).
-func buildJobInitrd(cfg initramfs.Config, log *slog.Logger) (*initramfs.Result, error) {
+func buildJobInitrd(cfg initramfs.Config, user []string, log *slog.Logger) (*initramfs.Result, error) {
 	var res *initramfs.Result
-	_, err := adaptModules(cfg, log, func(c initramfs.Config) (err error) {
+	_, err := adaptModules(cfg, user, log, func(c initramfs.Config) (err error) {
 		res, err = initramfs.Build(c)
 		return err
 	})
@@ -120,26 +131,39 @@ func buildJobInitrd(cfg initramfs.Config, log *slog.Logger) (*initramfs.Result, 
 // adaptModules calls try with cfg and, while it fails for a module the
 // kernel lacks, again without it: without the power button's modules
 // when the kernel has none, and without 9pnet_fd when its transport is
-// built into 9pnet. It returns the cfg try last ran with.
-func adaptModules(cfg initramfs.Config, log *slog.Logger, try func(initramfs.Config) error) (initramfs.Config, error) {
+// built into 9pnet. A module of user (--module) the kernel lacks is a
+// *moduleError. It returns the cfg try last ran with.
+func adaptModules(cfg initramfs.Config, user []string, log *slog.Logger, try func(initramfs.Config) error) (initramfs.Config, error) {
 	for {
 		err := try(cfg)
-		if err == nil || !strings.Contains(err.Error(), "neither in") {
+		var unknown *kmodules.UnknownModuleError
+		if err == nil || !errors.As(err, &unknown) {
 			return cfg, err
 		}
-		switch {
-		case slices.ContainsFunc(powerButtonModules, func(m string) bool { return strings.Contains(err.Error(), "module "+m+" ") }):
+		switch n := unknown.Name; {
+		case slices.Contains(user, n):
+			return cfg, &moduleError{unknown}
+		case slices.Contains(powerButtonModules, n):
 			log.Warn("job: no power-button modules for this kernel; the guest ignores the power button", "err", err)
 			cfg.Modules = slices.DeleteFunc(slices.Clone(cfg.Modules), func(m string) bool { return slices.Contains(powerButtonModules, m) })
-		case strings.Contains(err.Error(), "module 9pnet_fd ") && slices.Contains(cfg.Modules, "9pnet_fd"):
-			cfg.Modules = slices.DeleteFunc(slices.Clone(cfg.Modules), func(m string) bool { return m == "9pnet_fd" })
+		case n == "9pnet_fd" && slices.Contains(cfg.Modules, n):
+			cfg.Modules = slices.DeleteFunc(slices.Clone(cfg.Modules), func(m string) bool { return m == n })
+		case slices.Contains(cfg.Modules, "9p"):
+			return cfg, fmt.Errorf("%w (binding host directories needs the kernel's 9P client: --no-home --no-cwd and no --bind to run without)", err)
 		default:
-			if slices.Contains(cfg.Modules, "9p") {
-				return cfg, fmt.Errorf("%w (binding host directories needs the kernel's 9P client: --no-home --no-cwd and no --bind to run without)", err)
-			}
 			return cfg, err
 		}
 	}
+}
+
+// checkModuleSource refuses --module when the guest kernel has no modules
+// directory at all (neither IMAGE's nor the host's): nothing could load
+// the module, and nothing says the kernel has it built in.
+func checkModuleSource(res *initramfs.Result, user []string, release string) error {
+	if len(user) == 0 || res.ModuleSource != "" {
+		return nil
+	}
+	return fmt.Errorf("--module %s: kernel %s has no modules directory (neither IMAGE's /lib/modules/%s nor the host's): install the kernel's modules, or boot a kernel that has them (--kernel)", user[0], release, release)
 }
 
 // logInitrd logs the initramfs a job boots: a cache hit, or what was built.

@@ -261,11 +261,8 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if argv != nil {
 		return runJob(c, f, &f.job, argv, stdin, stdout, stderr)
 	}
-	if len(f.job.binds) > 0 {
-		return refuseBindWithoutJob(c, f.job.binds[0], stderr)
-	}
-	if f.job.rootfs != "" {
-		return c.usageError(stderr, "--rootfs without a COMMAND: give it after --, e.g. hpcvmm run --rootfs %s -- /bin/sh", f.job.rootfs)
+	if rc := refuseJobFlagsWithoutJob(c, &f.job, stderr); rc >= 0 {
+		return rc
 	}
 	cfg := f.toConfig()
 	cfg.Logger = log
@@ -323,6 +320,21 @@ func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return exitFailed
 	}
 	return exitOK
+}
+
+// refuseJobFlagsWithoutJob refuses the Job group's flags that mean
+// nothing without a COMMAND (-B, --module, --rootfs); a code >= 0 is the
+// exit status.
+func refuseJobFlagsWithoutJob(c *command, jf *jobFlags, stderr io.Writer) int {
+	switch {
+	case len(jf.binds) > 0:
+		return refuseBindWithoutJob(c, jf.binds[0], stderr)
+	case len(jf.modules) > 0:
+		return c.usageError(stderr, "--module without a COMMAND: a job's initramfs (--rootfs IMAGE -- COMMAND) loads it")
+	case jf.rootfs != "":
+		return c.usageError(stderr, "--rootfs without a COMMAND: give it after --, e.g. hpcvmm run --rootfs %s -- /bin/sh", jf.rootfs)
+	}
+	return -1
 }
 
 // refuseBindWithoutJob is the error for --bind on a VM without a job's

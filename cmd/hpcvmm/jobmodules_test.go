@@ -1,0 +1,109 @@
+package main
+
+import (
+	"bytes"
+	"debug/elf"
+	"encoding/binary"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hpcvmm/hpcvmm/initramfs"
+	"github.com/hpcvmm/hpcvmm/kmodules"
+	"github.com/hpcvmm/hpcvmm/rootfs"
+)
+
+// staticAgent writes a minimal static x86-64 ELF executable (one PT_LOAD),
+// which initramfs.CheckAgent accepts as the agent.
+func staticAgent(t *testing.T) string {
+	var b bytes.Buffer
+	le := binary.LittleEndian
+	h := elf.Header64{Type: uint16(elf.ET_EXEC), Machine: uint16(elf.EM_X86_64), Version: 1, Entry: 0x78,
+		Phoff: 64, Ehsize: 64, Phentsize: 56, Phnum: 1, Shentsize: 64}
+	copy(h.Ident[:], []byte{0x7f, 'E', 'L', 'F', 2, 1, 1})
+	require.NoError(t, binary.Write(&b, le, h))
+	require.NoError(t, binary.Write(&b, le, elf.Prog64{Type: uint32(elf.PT_LOAD), Flags: 5, Filesz: 120, Memsz: 120, Align: 1}))
+	p := filepath.Join(t.TempDir(), "hpcvmm")
+	require.NoError(t, os.WriteFile(p, b.Bytes(), 0o755))
+	require.NoError(t, initramfs.CheckAgent(p))
+	return p
+}
+
+// moduleJob is the initramfs config of a job with --module user on the
+// kmodules fixture's kernel (6.1.0-test), whose tree has no power-button
+// modules and no 9P client.
+func moduleJob(t *testing.T, hostModules string, user ...string) initramfs.Config {
+	img := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(img, "bin"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(img, "bin/sh"), []byte("#!/bin/sh\n"), 0o755))
+	im, err := rootfs.Open(img)
+	require.NoError(t, err)
+	t.Cleanup(func() { im.Close() })
+	return initramfs.Config{Image: im, Agent: staticAgent(t), Release: "6.1.0-test", HostModules: hostModules,
+		Modules: jobModules(false, user), CacheDir: t.TempDir()}
+}
+
+func fixtureModuleTree(t *testing.T) string {
+	p, err := filepath.Abs("../../kmodules/testdata/lib/modules")
+	require.NoError(t, err)
+	return p
+}
+
+// TestModuleFlag: --module's modules are loaded after the defaults with
+// their dependencies (uas needs usb-storage); a name the kernel lacks is
+// the user's error, naming the module and the release; a kernel without
+// any module tree cannot load one.
+func TestModuleFlag(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	res, err := buildJobInitrd(moduleJob(t, fixtureModuleTree(t), "uas"), []string{"uas"}, log)
+	require.NoError(t, err)
+	require.Equal(t, []string{"usb_storage", "uas"}, res.Modules[len(res.Modules)-2:])
+	require.Contains(t, res.Modules, "virtio_net", "the defaults stay")
+	require.NoError(t, checkModuleSource(res, []string{"uas"}, "6.1.0-test"))
+
+	_, err = buildJobInitrd(moduleJob(t, fixtureModuleTree(t), "uas", "rdma_rxe"), []string{"uas", "rdma_rxe"}, log)
+	var me *moduleError
+	require.ErrorAs(t, err, &me)
+	msg := err.Error()
+	require.NotContains(t, msg, "\n")
+	assert.True(t, strings.HasPrefix(msg, "--module rdma_rxe: kernel 6.1.0-test has no module rdma_rxe (neither in "), msg)
+	assert.Contains(t, msg, "boot a kernel that has it (--kernel)")
+
+	// The defaults' fallbacks still apply: a missing default module is not
+	// the user's error.
+	_, err = buildJobInitrd(moduleJob(t, fixtureModuleTree(t), "nosuch"), nil, log)
+	require.False(t, errors.As(err, &me), "nosuch is not the user's here: %v", err)
+	var unknown *kmodules.UnknownModuleError
+	require.ErrorAs(t, err, &unknown)
+
+	res, err = buildJobInitrd(moduleJob(t, t.TempDir(), "uas"), []string{"uas"}, log)
+	require.NoError(t, err, "no module tree: the build itself succeeds")
+	require.Empty(t, res.ModuleSource)
+	require.ErrorContains(t, checkModuleSource(res, []string{"uas"}, "6.1.0-test"), "--module uas: kernel 6.1.0-test has no modules directory")
+	require.NoError(t, checkModuleSource(res, nil, "6.1.0-test"))
+}
+
+func TestModuleFlagInputErrors(t *testing.T) {
+	img := t.TempDir()
+	kernel := filepath.Join(t.TempDir(), "bzImage")
+	require.NoError(t, os.WriteFile(kernel, []byte("not read"), 0o644))
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--module", "fs/nfs/nfs.ko", "--", "sh"}, `module name "fs/nfs/nfs.ko" holds "/"`},
+		{[]string{"run", "--kernel", kernel, "--initrd", kernel, "--module", "nfs", "--", "sh"}, "--module nfs needs --rootfs IMAGE"},
+		{[]string{"run", "--kernel", kernel, "--module", "nfs"}, "--module without a COMMAND"},
+	} {
+		code, _, errOut := hpcvmm(c.args...)
+		assert.Equal(t, 2, code, "%v: %s", c.args, errOut)
+		assert.Contains(t, errOut, c.want, "%v", c.args)
+	}
+}
