@@ -128,7 +128,7 @@ func TestCheckPassthrough(t *testing.T) {
 			setDriver(t, harness.EduBDF, "vfio-pci")
 			setDriver(t, harness.NVMeVFBDF, "nvme")
 			rc, rep := runCheck(t, env, append(devs, "--memory", "1G")...)
-			assert.Equal(t, 1, rc, "exit status")
+			assert.Equal(t, 3, rc, "exit status: the host cannot run it (docs/cli.md)")
 			assert.False(t, rep.OK)
 			r, ok := findResult(rep, "driver", harness.NVMeVFBDF)
 			require.True(t, ok, "no driver check for the VF")
@@ -147,7 +147,7 @@ func TestCheckPassthrough(t *testing.T) {
 			free := readHugeState(t).free1G
 			need := free + 1
 			rc, rep := runCheck(t, env, append(devs, "--memory", itoa(int(need))+"G", "--hugepages", "1G")...)
-			assert.Equal(t, 1, rc, "exit status")
+			assert.Equal(t, 3, rc, "exit status: the host cannot run it (docs/cli.md)")
 			r, ok := findResult(rep, "hugepages", "")
 			require.True(t, ok, "no hugepages check")
 			assert.Equal(t, preflight.Fail, r.Status)
@@ -168,7 +168,7 @@ func TestCheckWithoutIOMMU(t *testing.T) {
 		// Any PCI function will do: q35's SATA controller.
 		const dev = "0000:00:1f.2"
 		rc, rep := runCheck(t, env, "--gpu", dev, "--memory", "1G")
-		assert.Equal(t, 1, rc, "exit status")
+		assert.Equal(t, 3, rc, "exit status: the host cannot run it (docs/cli.md)")
 		r, ok := findResult(rep, "iommu", "host")
 		require.True(t, ok, "no iommu check")
 		assert.Equal(t, preflight.Fail, r.Status)

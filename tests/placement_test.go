@@ -126,7 +126,7 @@ func TestBadInputIsRejectedBeforeTheHostChanges(t *testing.T) {
 			{"unknown node", []string{"--kernel", kernel, "--numa-node", "7", "--hugepages", "none", "--memory", "256M"}, []string{"--numa-node", "node 7 is not online"}, 2},
 			{"more memory than the node has", []string{"--kernel", kernel, "--memory", "100T", "--hugepages", "2M"}, []string{"--memory", "100T is more than", "no 2M hugepage pool there can ever hold it"}, 2},
 			{"not enough hugepages", []string{"--kernel", kernel, "--memory", fmt.Sprintf("%dG", free1G+1), "--hugepages", "1G"},
-				[]string{fmt.Sprintf("%d of the pool's", free1G), fmt.Sprintf("VM needs %d", free1G+1), "hugepages-1048576kB/nr_hugepages"}, 1},
+				[]string{fmt.Sprintf("%d of the pool's", free1G), fmt.Sprintf("VM needs %d", free1G+1), "hugepages-1048576kB/nr_hugepages"}, 3},
 			{"negative prefault workers", []string{"--kernel", kernel, "--prefault-workers", "-1"}, []string{"--prefault-workers", "want 1 or more"}, 2},
 			{"more prefault workers than the node's CPUs", []string{"--kernel", kernel, "--prefault-workers", "1000"}, []string{"--prefault-workers", "1000 workers: more than", "pass at most"}, 2},
 			{"bad page size", []string{"--kernel", kernel, "--hugepages", "3M"}, []string{"--hugepages", "3M"}, 2},
