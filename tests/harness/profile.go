@@ -2,6 +2,7 @@ package harness
 
 import (
 	"fmt"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -160,7 +161,7 @@ func (p Profile) QEMUArgs(b L1Boot, runConfigB64 string) ([]string, error) {
 	args := []string{
 		"-accel", "tcg",
 		"-machine", p.Machine,
-		"-cpu", "max", // exposes svm+npt, so kvm_amd loads inside L1
+		"-cpu", L1CPUModel(), // max: exposes svm+npt, so kvm_amd loads inside L1
 		"-m", p.Memory,
 		"-smp", smp,
 		"-nodefaults", "-no-user-config", "-display", "none",
@@ -200,4 +201,13 @@ func profileScripts() map[string]string {
 		out[n] = "# setup of profile " + n + ", sourced by L1's /init\n" + p.Setup + "\n"
 	}
 	return out
+}
+
+// L1CPUModel is QEMU's -cpu for L1: HPCVMM_L1_CPU when set (an experiment's
+// variant, e.g. "max,la57=off"), else "max".
+func L1CPUModel() string {
+	if m := os.Getenv("HPCVMM_L1_CPU"); m != "" {
+		return m
+	}
+	return "max"
 }
