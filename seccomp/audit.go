@@ -19,6 +19,11 @@ type Violation struct {
 	Syscall int
 	Name    string // Name(Syscall)
 	Killed  bool   // sig=31: the process was killed (Kill mode)
+	// Seq is the kernel log record's sequence number (/dev/kmsg's second
+	// field; 0 for a line without that prefix): pids are reused, so a
+	// reader that wants one process's lines takes those after the
+	// sequence number it saw before the process started (KernelLogSeq).
+	Seq uint64
 }
 
 func (v Violation) String() string {
@@ -65,6 +70,49 @@ func KernelViolations(pid int) ([]Violation, error) {
 	}
 }
 
+// KernelLogSeq returns the sequence number of the kernel log's newest
+// record (0 for an empty log): a reader of KernelViolations for a process
+// started afterwards skips the records up to it.
+func KernelLogSeq() (uint64, error) {
+	fd, err := unix.Open("/dev/kmsg", unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("seccomp: read the kernel log: %w", err)
+	}
+	defer unix.Close(fd)
+	var last uint64
+	buf := make([]byte, 8192)
+	for {
+		n, err := unix.Read(fd, buf)
+		if errors.Is(err, unix.EPIPE) {
+			continue
+		}
+		if errors.Is(err, unix.EAGAIN) || n <= 0 {
+			return last, nil
+		}
+		if err != nil {
+			return last, fmt.Errorf("seccomp: read /dev/kmsg: %w", err)
+		}
+		if seq, ok := kmsgSeq(string(buf[:n])); ok {
+			last = seq
+		}
+	}
+}
+
+// kmsgSeq is the sequence number of a /dev/kmsg record
+// ("PRIO,SEQ,USEC,FLAGS;MESSAGE").
+func kmsgSeq(rec string) (uint64, bool) {
+	head, _, found := strings.Cut(rec, ";")
+	if !found {
+		return 0, false
+	}
+	f := strings.Split(head, ",")
+	if len(f) < 2 {
+		return 0, false
+	}
+	seq, err := strconv.ParseUint(f[1], 10, 64)
+	return seq, err == nil
+}
+
 // ParseAuditLine parses one seccomp audit record (type=1326) from the
 // kernel log; ok is false for any other line.
 func ParseAuditLine(line string) (v Violation, ok bool) {
@@ -82,5 +130,6 @@ func ParseAuditLine(line string) (v Violation, ok bool) {
 	if err1 != nil || err2 != nil {
 		return v, false
 	}
-	return Violation{PID: pid, Comm: fields["comm"], Syscall: nr, Name: Name(nr), Killed: fields["sig"] == "31"}, true
+	seq, _ := kmsgSeq(line)
+	return Violation{PID: pid, Comm: fields["comm"], Syscall: nr, Name: Name(nr), Killed: fields["sig"] == "31", Seq: seq}, true
 }

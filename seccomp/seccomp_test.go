@@ -452,9 +452,19 @@ func runChildEnv(t *testing.T, name string, env ...string) (out string, state *o
 	cmd.Env = append(append(os.Environ(), childEnv+"="+name), env...)
 	var buf bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
-	_ = cmd.Run()
+	seq, err := KernelLogSeq()
+	_ = cmd.Start()
+	if cmd.Process != nil && err == nil {
+		childLogStart.Store(cmd.Process.Pid, seq)
+	}
+	_ = cmd.Wait()
 	return buf.String(), cmd.ProcessState
 }
+
+// childLogStart maps a child's pid to the kernel log's sequence number
+// before it started: waitViolations reads only that child's own audit
+// lines, not those of an earlier process with the same pid.
+var childLogStart sync.Map
 
 func requireSupported(t *testing.T) {
 	t.Helper()
@@ -562,6 +572,9 @@ func waitViolations(pid int) ([]Violation, error) {
 	deadline := time.Now().Add(3 * time.Second)
 	for {
 		vs, err := KernelViolations(pid)
+		if after, ok := childLogStart.Load(pid); ok {
+			vs = slices.DeleteFunc(vs, func(v Violation) bool { return v.Seq <= after.(uint64) })
+		}
 		if len(vs) > 1 {
 			vs = vs[len(vs)-1:]
 		}
@@ -583,7 +596,7 @@ func TestNewThreadsFromALockedThreadGetOnlyTheProcessFilter(t *testing.T) {
 func TestParseAuditLine(t *testing.T) {
 	v, ok := ParseAuditLine(`6,1234,2669151126,-;audit: type=1326 audit(1795522173.112:2): auid=4294967295 uid=0 gid=0 ses=4294967295 pid=28518 comm="vcpu0" exe="/usr/bin/hpcvmm" sig=31 arch=c000003e syscall=63 compat=0 ip=0x40866e code=0x80000000`)
 	require.True(t, ok)
-	assert.Equal(t, Violation{PID: 28518, Comm: "vcpu0", Syscall: 63, Name: "uname", Killed: true}, v)
+	assert.Equal(t, Violation{PID: 28518, Comm: "vcpu0", Syscall: 63, Name: "uname", Killed: true, Seq: 1234}, v)
 	_, ok = ParseAuditLine("audit: type=2000 audit(1795521567.576:1): state=initialized")
 	assert.False(t, ok)
 	assert.Equal(t, "ioctl", Name(16))
