@@ -29,20 +29,6 @@ const (
 	benchTest     = "bench" // the "test" name of the suite's result records
 )
 
-// qemuFirmware are the firmware files QEMU loads for the machines the
-// suite boots (SeaBIOS for q35, qboot for microvm, the option ROMs of
-// direct kernel boot), at the paths Debian's QEMU searches.
-var qemuFirmware = []string{
-	"/usr/share/seabios/bios-256k.bin",
-	"/usr/share/qemu/bios-microvm.bin",
-	"/usr/share/qemu/qboot.rom",
-	"/usr/share/qemu/linuxboot_dma.bin",
-	"/usr/share/qemu/linuxboot.bin",
-	"/usr/share/qemu/kvmvapic.bin",
-	"/usr/share/qemu/multiboot_dma.bin",
-	"/usr/share/qemu/pvh.bin",
-}
-
 // The L2 kernel command line of the launch case, the same for every VMM:
 // the test bed's, with the guest /init scenario that prints the marker.
 const l2Cmdline = "console=ttyS0 reboot=k panic=-1 hpcvmm.scenario=boot"
@@ -393,7 +379,7 @@ func bootL1Once(ctx context.Context, art harness.L1Artifacts, inner string, prof
 			if err := im.AddDynamicProgram(cfg.QEMU); err != nil {
 				return err
 			}
-			for _, f := range qemuFirmware {
+			for _, f := range harness.QEMUFirmware {
 				if fileExists(f) {
 					im.AddFile(f, f, 0o644)
 				}
