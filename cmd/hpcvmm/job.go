@@ -508,6 +508,11 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, check func(*rootfs
 				fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
 				return "", 2
 			}
+			var de *deviceModuleError
+			if errors.As(err, &de) {
+				fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
+				return "", de.exitCode()
+			}
 			fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: %s\n", image, imageError(image, err))
 			return "", 125
 		}
@@ -515,6 +520,10 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, check func(*rootfs
 	if err := checkModuleSource(res, f.job.modules, cfg.Release); err != nil {
 		fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
 		return "", 2
+	}
+	if err := checkDeviceModuleSource(res, cfg); err != nil {
+		fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
+		return "", exitCode(err, 2)
 	}
 	logInitrd(log, im, res, time.Since(t0))
 	return res.Path, -1
