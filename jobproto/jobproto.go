@@ -147,7 +147,20 @@ type Start struct {
 	// port of their own) before COMMAND starts, in order; at most
 	// MaxMounts.
 	Mounts []Mount
+	// GPUs is how many NVIDIA GPUs the VM has passed through (at most
+	// MaxGPUs; 0: none): once the modules are loaded and before COMMAND
+	// starts, the agent creates their device nodes (/dev/nvidiaN,
+	// nvidiactl, nvidia-uvm, nvidia-caps) as the driver's tools do on a
+	// host, with the majors of the guest's own /proc/devices. It is
+	// encoded last and only when not 0, so a Start without GPUs has the
+	// bytes it had before the field existed: Version stays 1, and a
+	// frame that spells out 0 is not canonical and refused.
+	GPUs uint32
 }
+
+// MaxGPUs bounds Start.GPUs: the nvidia major's minors 0-254 are GPUs,
+// 255 is nvidiactl.
+const MaxGPUs = 255
 
 // Mount is one host directory in the guest: the agent relays the port
 // Port to a socket pair and mounts the kernel's 9P client on it at Target.

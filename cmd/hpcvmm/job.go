@@ -24,6 +24,7 @@ import (
 	"github.com/hpcvmm/hpcvmm/agent"
 	"github.com/hpcvmm/hpcvmm/asuser"
 	"github.com/hpcvmm/hpcvmm/binds"
+	"github.com/hpcvmm/hpcvmm/gpudriver"
 	"github.com/hpcvmm/hpcvmm/initramfs"
 	"github.com/hpcvmm/hpcvmm/job"
 	"github.com/hpcvmm/hpcvmm/jobproto"
@@ -48,6 +49,9 @@ type jobFlags struct {
 	initrdCache string
 	// modules are --module's names, normalized (kmodules.Normalize).
 	modules []string
+	// modaliases are the passed-through devices' (deviceModaliases),
+	// read once the host checks passed.
+	modaliases []string
 	bindFlags
 }
 
@@ -220,6 +224,9 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 		return fail(exitCode(err, jobproto.CodeAgentFailed), "%s", describeError(err))
 	}
 
+	if err := jobDevices(f, &spec); err != nil {
+		return fail(2, "%v", err)
+	}
 	if jf.rootfs != "" {
 		initrd, code := prepareRootfs(jf.rootfs, f, &spec, checkBindsInImage(opened), log, stderr)
 		if code >= 0 {
@@ -241,14 +248,7 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 		return fail(2, "%v", err)
 	}
 
-	cfg := jobConfig(f.cfg)
-	cfg.Stdin = nil
-	watch := &consoleWatch{w: consoleOut}
-	cfg.Stdout = watch // the kernel's console, never COMMAND's stdout
-	cfg.Progress = logOut
-	cfg.Logger = log
-	cfg.StartTime = processStart
-	cfg.ConsolePorts = j.Ports()
+	cfg, watch := jobVMConfig(f.cfg, j, consoleOut, logOut, log)
 	if step != nil {
 		defer step.Conn.Close()
 		cfg.ConsolePorts = append(cfg.ConsolePorts, pmiPorts(step, log)...)
@@ -288,6 +288,33 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 		log.Debug("job: ended", "status", st.String())
 	}
 	return st.ExitCode()
+}
+
+// jobDevices reads the passed-through devices' modaliases (for the
+// initramfs's modules) and counts the NVIDIA GPUs among them, whose device
+// nodes the agent makes (a guest without the driver fails the job with the
+// reason).
+func jobDevices(f *runFlags, spec *job.Spec) error {
+	var err error
+	if f.job.modaliases, err = deviceModaliases(f); err != nil {
+		return err
+	}
+	spec.GPUs = uint32(gpudriver.GPUs(f.job.modaliases))
+	return nil
+}
+
+// jobVMConfig is the job's VM: jobConfig's, its output and log, the
+// job's ports; watch sees the kernel's console.
+func jobVMConfig(base vmm.Config, j *job.Job, consoleOut, logOut io.Writer, log *slog.Logger) (cfg vmm.Config, watch *consoleWatch) {
+	cfg = jobConfig(base)
+	cfg.Stdin = nil
+	watch = &consoleWatch{w: consoleOut}
+	cfg.Stdout = watch // the kernel's console, never COMMAND's stdout
+	cfg.Progress = logOut
+	cfg.Logger = log
+	cfg.StartTime = processStart
+	cfg.ConsolePorts = j.Ports()
+	return cfg, watch
 }
 
 // jobConfig is a job's VM: the flags' with the job's command line and

@@ -57,7 +57,8 @@ var executable = os.Executable
 
 // jobInitrdConfig is what IMAGE's initramfs is built from: the agent
 // (this binary), the guest kernel's release, the modules of the virtio
-// devices and the power button, and the passed-through devices' modaliases.
+// devices and the power button, and the passed-through devices' modaliases
+// (f.job.modaliases) with the modules they need besides.
 func jobInitrdConfig(im *rootfs.Image, f *runFlags) (initramfs.Config, error) {
 	self, err := executable()
 	if err != nil {
@@ -67,6 +68,22 @@ func jobInitrdConfig(im *rootfs.Image, f *runFlags) (initramfs.Config, error) {
 	if err != nil {
 		return initramfs.Config{}, err
 	}
+	aliases := f.job.modaliases
+	dev := gpudriver.ForModaliases(aliases)
+	return initramfs.Config{
+		Image: im, Agent: self, Release: release, Modaliases: aliases,
+		Modules:     append(jobModules(f.job.withBinds, f.job.modules), dev.Load...),
+		Optional:    dev.Optional,
+		Exclude:     dev.Exclude,
+		GuestMemory: int64(f.cfg.Memory),
+		CacheDir:    f.job.initrdCache,
+	}, nil
+}
+
+// deviceModaliases are the modaliases of the passed-through devices
+// (--gpu, --vf), sorted: the map's order must not change the initramfs's
+// cache key.
+func deviceModaliases(f *runFlags) ([]string, error) {
 	devs := map[string]bool{}
 	for _, s := range f.cfg.Passthrough.GPUs {
 		devs[s] = false
@@ -82,20 +99,12 @@ func jobInitrdConfig(im *rootfs.Image, f *runFlags) (initramfs.Config, error) {
 		}
 		a, err := kmodules.PCIModalias(f.cfg.SysfsRoot, sp.BDF.String())
 		if err != nil {
-			return initramfs.Config{}, err
+			return nil, err
 		}
 		aliases = append(aliases, a)
 	}
-	slices.Sort(aliases) // map order must not change the cache key
-	dev := gpudriver.ForModaliases(aliases)
-	return initramfs.Config{
-		Image: im, Agent: self, Release: release, Modaliases: aliases,
-		Modules:     append(jobModules(f.job.withBinds, f.job.modules), dev.Load...),
-		Optional:    dev.Optional,
-		Exclude:     dev.Exclude,
-		GuestMemory: int64(f.cfg.Memory),
-		CacheDir:    f.job.initrdCache,
-	}, nil
+	slices.Sort(aliases)
+	return aliases, nil
 }
 
 // The passed-through devices' own modules (gpudriver.ForModaliases) are
