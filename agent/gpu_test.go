@@ -143,3 +143,40 @@ func TestServeGPUNodes(t *testing.T) {
 		require.ErrorIs(t, err, fs.ErrNotExist, "%s: COMMAND never ran", name)
 	}
 }
+
+// TestEnvDriverDirs: the driver's directories are appended to
+// LD_LIBRARY_PATH and PATH when the spec mounts them (after the default
+// PATH, after what the spec's variables hold, last value of a repeated
+// one), and only then.
+func TestEnvDriverDirs(t *testing.T) {
+	lib := jobproto.Mount{Port: "p0", Target: jobproto.DriverLibDir, ReadOnly: true}
+	bin := jobproto.Mount{Port: "p1", Target: jobproto.DriverBinDir, ReadOnly: true}
+	env := Env(&jobproto.Start{Env: []string{"A=1"}, Mounts: []jobproto.Mount{lib, bin}})
+	assert.Equal(t, []string{"A=1", "PATH=" + DefaultPath + ":/.hpcvmm/driver/bin", "HOME=/root", "LD_LIBRARY_PATH=/.hpcvmm/driver/lib"}, env)
+
+	env = Env(&jobproto.Start{Env: []string{"LD_LIBRARY_PATH=/opt/a:/opt/b", "PATH=/x", "PATH=/y", "HOME=/h"}, Mounts: []jobproto.Mount{lib, bin}})
+	assert.Equal(t, []string{"LD_LIBRARY_PATH=/opt/a:/opt/b:/.hpcvmm/driver/lib", "PATH=/x", "PATH=/y:/.hpcvmm/driver/bin", "HOME=/h"}, env)
+	assert.Equal(t, "/y:/.hpcvmm/driver/bin", getenv(env, "PATH"))
+
+	env = Env(&jobproto.Start{Env: []string{"LD_LIBRARY_PATH=", "HOME=/h", "PATH=/x"}, Mounts: []jobproto.Mount{lib}})
+	assert.Equal(t, []string{"LD_LIBRARY_PATH=/.hpcvmm/driver/lib", "HOME=/h", "PATH=/x"}, env, "an empty list becomes the directory alone; no bin mount, PATH kept")
+
+	env = Env(&jobproto.Start{Env: []string{"PATH=/x", "HOME=/h"}, Mounts: []jobproto.Mount{{Port: "p", Target: "/data"}}})
+	assert.Equal(t, []string{"PATH=/x", "HOME=/h"}, env, "other mounts add nothing")
+}
+
+// TestDriverMountTargets: the agent takes the driver's two directories
+// beneath the reserved /.hpcvmm, read-only only, and nothing else there.
+func TestDriverMountTargets(t *testing.T) {
+	for _, m := range []jobproto.Mount{
+		{Target: jobproto.DriverLibDir, ReadOnly: true}, {Target: jobproto.DriverBinDir, ReadOnly: true},
+	} {
+		assert.NoError(t, validMount(m), m.Target)
+	}
+	for _, m := range []jobproto.Mount{
+		{Target: jobproto.DriverLibDir}, {Target: jobproto.DriverBinDir},
+		{Target: "/.hpcvmm/driver", ReadOnly: true}, {Target: "/.hpcvmm/driver/lib/x", ReadOnly: true}, {Target: "/.hpcvmm", ReadOnly: true},
+	} {
+		assert.Error(t, validMount(m), "%+v", m)
+	}
+}

@@ -182,6 +182,17 @@ type Mount struct {
 // The host refuses such a bind (package binds) and the agent such a Mount.
 var ReservedTargets = []string{"/", "/proc", "/sys", "/dev", "/.hpcvmm"}
 
+// The host NVIDIA driver's user space in the guest (issue 32): two flat
+// read-only 9P directories of host files (the libraries with their soname
+// links, the programs), mounted by the agent as Mounts at these targets,
+// the only Mount targets beneath a reserved path it takes. COMMAND's
+// LD_LIBRARY_PATH and PATH get them appended, as Apptainer's --nv appends
+// /.singularity.d/libs.
+const (
+	DriverLibDir = "/.hpcvmm/driver/lib"
+	DriverBinDir = "/.hpcvmm/driver/bin"
+)
+
 // ReservedBy returns the reserved path that target is or lies beneath, ""
 // when it is free.
 func ReservedBy(target string) string {
