@@ -1,8 +1,13 @@
 package ninep
 
 import (
+	"bytes"
+	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +15,7 @@ import (
 	"github.com/hugelgupf/p9/p9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/hpcvmm/hpcvmm/internal/testenv"
 )
@@ -315,4 +321,89 @@ func TestChildRefusesBadSetArgs(t *testing.T) {
 	require.Len(t, c.exports, 3)
 	assert.Equal(t, &childSet{dirs: 1, names: []string{"a", "b"}, dirOf: []int{0, 0}, links: []SetLink{{Name: "l", Target: "a"}}}, c.exports[1].set)
 	assert.True(t, c.exports[1].readOnly)
+}
+
+// FuzzFileSet feeds raw request bytes to a FileSet export's Serve.
+// Property: the server ends when the input does, never panics, reads or
+// changes nothing outside the set (inotify on the outside tree and on a
+// FIFO beside the set's files, the snapshots of the outside tree and of
+// the set's own host directory, which it never changes either).
+func FuzzFileSet(f *testing.F) {
+	var sessions []func(root p9.File)
+	for _, name := range slices.Sorted(maps.Keys(seedSessions)) {
+		sessions = append(sessions, seedSessions[name])
+	}
+	sessions = append(sessions, func(root p9.File) {
+		if l, err := walk(root, "libcuda.so.1"); err == nil {
+			_, _ = l.Readlink()
+			l.Close()
+		}
+		if file, err := walk(root, "libcuda.so.580.159.04"); err == nil {
+			_, _ = readAll(file)
+			_ = file.SetAttr(p9.SetAttrMask{Size: true}, p9.SetAttr{})
+			file.Close()
+		}
+		_, _ = root.Readdir(0, 100)
+	})
+	for _, session := range sessions {
+		sf := newSetFixture(f)
+		srv, cli := socketPair(f)
+		rec := &recorder{ReadWriteCloser: cli}
+		done := make(chan error, 1)
+		go func() { done <- Serve(Export{Files: sf.set}, srv, srv, Options{}) }()
+		c, err := p9.NewClient(rec, p9.WithMessageSize(8192))
+		require.NoError(f, err)
+		root, err := c.Attach("")
+		require.NoError(f, err)
+		session(root)
+		c.Close()
+		<-done
+		rec.mu.Lock()
+		f.Add(bytes.Clone(rec.buf.Bytes()))
+		rec.mu.Unlock()
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		sf := newSetFixture(t)
+		// A FIFO beside the set's files, which the watch sees opened.
+		require.NoError(t, unix.Mkfifo(filepath.Join(sf.export, "fifo"), 0o666))
+		before := snapshot(t, sf.export)
+		w := newWatch(t, sf.fixture)
+		reqR, reqW, err := os.Pipe()
+		require.NoError(t, err)
+		repR, repW, err := os.Pipe()
+		require.NoError(t, err)
+		defer repR.Close()
+		done := make(chan error, 1)
+		go func() {
+			done <- Serve(Export{Files: sf.set}, reqR, repW, sf.options(Options{MaxMessageSize: 64 << 10}))
+		}()
+		go func() { _, _ = io.Copy(io.Discard, repR) }()
+		go func() {
+			_, _ = reqW.Write(in)
+			reqW.Close()
+		}()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("Serve did not end with its input")
+		}
+		sf.noPanics(t)
+		require.Zero(t, w.events(), "a request opened, read or changed a node outside the set")
+		sf.checkOutside(t)
+		require.Equal(t, withoutSetAtimes(before), withoutSetAtimes(snapshot(t, sf.export)), "the set's host directory changed")
+	})
+}
+
+// withoutSetAtimes is a snapshot of the set's host directory less the
+// access times of the set's own files, which reading them may change.
+func withoutSetAtimes(snap map[string]string) map[string]string {
+	out := maps.Clone(snap)
+	for _, k := range []string{"libcuda.so.580.159.04", "libnvidia-ml.so.580.159.04", "sub/nvidia-smi"} {
+		f := strings.Fields(out[k])
+		if i := slices.Index(f, "atime"); i >= 0 && i+1 < len(f) {
+			out[k] = strings.Join(slices.Delete(f, i, i+2), " ")
+		}
+	}
+	return out
 }
