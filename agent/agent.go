@@ -7,7 +7,8 @@
 // and /tmp, loads the modules /.hpcvmm/modules lists, finds the job's
 // virtio-console ports by name, and hands them to Agent.Serve, which speaks
 // jobproto with the host: Ready, then the host's Start; it sets the
-// hostname, mounts hugetlbfs, configures the network, and runs COMMAND with
+// hostname, mounts hugetlbfs, configures the network, creates the device
+// nodes of the job's NVIDIA GPUs (GPUNodes), and runs COMMAND with
 // the spec's environment, directory and user, its stdin/stdout/stderr on
 // the ports (or a pty on them), in its own process group, to which the
 // host's Signal messages go. It reaps every orphan (Reap), reports COMMAND's
@@ -80,6 +81,9 @@ type Agent struct {
 	// unix.Unmount as PID 1, creating the target first); nil: no binds.
 	Mount   func(source, target, fstype string, flags uintptr, data string) error
 	Unmount func(target string) error
+	// MakeGPUNodes creates the device nodes of a spec's NVIDIA GPUs
+	// (GPUNodes.Make); nil: a spec with GPUs fails (125).
+	MakeGPUNodes func(gpus int) error
 
 	wmu       sync.Mutex
 	stopGrace time.Duration // the spec's, 0 for StopGrace
@@ -150,14 +154,8 @@ func (a *Agent) run(s *jobproto.Start, msgs <-chan jobproto.Message, hostDone <-
 	if len(s.Argv) == 0 {
 		return &jobproto.Failed{Kind: jobproto.FailAgent, Reason: "Start without a command"}
 	}
-	if a.Prepare != nil {
-		if err := a.Prepare(s); err != nil {
-			return &jobproto.Failed{Kind: jobproto.FailAgent, Reason: err.Error()}
-		}
-	}
-	a.stopGrace = s.StopGrace
-	if err := ensureUser(a.Root, s); err != nil {
-		return &jobproto.Failed{Kind: jobproto.FailAgent, Reason: err.Error()}
+	if f := a.setUp(s); f != nil {
+		return f
 	}
 	if f := a.mountBinds(s); f != nil {
 		return f
@@ -241,6 +239,31 @@ func (a *Agent) run(s *jobproto.Start, msgs <-chan jobproto.Message, hostDone <-
 	ex := jobproto.ExitedFrom(syscall.WaitStatus(ws))
 	if err := a.send(&ex); err != nil {
 		return nil // the host is gone: nothing to report to
+	}
+	return nil
+}
+
+// setUp applies the spec's system settings (Prepare), creates its GPUs'
+// device nodes and COMMAND's user, before anything of COMMAND's runs.
+func (a *Agent) setUp(s *jobproto.Start) *jobproto.Failed {
+	if a.Prepare != nil {
+		if err := a.Prepare(s); err != nil {
+			return &jobproto.Failed{Kind: jobproto.FailAgent, Reason: err.Error()}
+		}
+	}
+	if s.GPUs > 0 {
+		// The modules were loaded before Serve; COMMAND (nvidia-smi,
+		// a CUDA program) opens the nodes first thing.
+		if a.MakeGPUNodes == nil {
+			return &jobproto.Failed{Kind: jobproto.FailAgent, Reason: "the job has NVIDIA GPUs but this agent cannot create their device nodes"}
+		}
+		if err := a.MakeGPUNodes(int(s.GPUs)); err != nil {
+			return &jobproto.Failed{Kind: jobproto.FailAgent, Reason: err.Error()}
+		}
+	}
+	a.stopGrace = s.StopGrace
+	if err := ensureUser(a.Root, s); err != nil {
+		return &jobproto.Failed{Kind: jobproto.FailAgent, Reason: err.Error()}
 	}
 	return nil
 }

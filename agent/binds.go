@@ -41,14 +41,19 @@ func mountOptions(m jobproto.Mount, fd int) string {
 }
 
 // validMount refuses what the host should never send: a relative or
-// unclean target, one the agent itself needs, a cache mode with
-// characters that would add mount options.
+// unclean target, one the agent itself needs (but the driver's two
+// directories, read-only), a cache mode with characters that would add
+// mount options.
 func validMount(m jobproto.Mount) error {
 	t := m.Target
 	if !path.IsAbs(t) || t != path.Clean(t) {
 		return fmt.Errorf("mount target %q: not an absolute clean path", t)
 	}
-	if r := jobproto.ReservedBy(t); r != "" {
+	if t == jobproto.DriverLibDir || t == jobproto.DriverBinDir {
+		if !m.ReadOnly {
+			return fmt.Errorf("mount target %s: the host driver's files are mounted read-only", t)
+		}
+	} else if r := jobproto.ReservedBy(t); r != "" {
 		return fmt.Errorf("mount target %s: covers %s", t, r)
 	}
 	if strings.ContainsAny(m.Cache, ",= \x00") {

@@ -19,7 +19,9 @@ import (
 const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // Env is COMMAND's environment: the spec's, with PATH, HOME and (with a
-// pty) TERM added where the spec has none, as a login would set them.
+// pty) TERM added where the spec has none, as a login would set them, and
+// the host driver's directories appended to LD_LIBRARY_PATH and PATH when
+// the spec mounts them (jobproto.DriverLibDir, DriverBinDir).
 func Env(s *jobproto.Start) []string {
 	env := append([]string(nil), s.Env...)
 	has := func(k string) bool {
@@ -46,7 +48,34 @@ func Env(s *jobproto.Start) []string {
 	if s.TTY && !has("TERM") {
 		env = append(env, "TERM=xterm")
 	}
+	for _, m := range s.Mounts {
+		switch m.Target {
+		case jobproto.DriverLibDir:
+			env = appendPathList(env, "LD_LIBRARY_PATH", m.Target)
+		case jobproto.DriverBinDir:
+			env = appendPathList(env, "PATH", m.Target)
+		}
+	}
 	return env
+}
+
+// appendPathList appends dir to the colon-separated list key of env (its
+// last value, the one exec passes on), or sets it to dir: the host
+// driver's directories come after IMAGE's own, as Apptainer's --nv
+// appends its library directory, so a program of IMAGE named like one of
+// the driver's wins.
+func appendPathList(env []string, key, dir string) []string {
+	for i := len(env) - 1; i >= 0; i-- {
+		if v, ok := strings.CutPrefix(env[i], key+"="); ok {
+			if v == "" {
+				env[i] = key + "=" + dir
+			} else {
+				env[i] = key + "=" + v + ":" + dir
+			}
+			return env
+		}
+	}
+	return append(env, key+"="+dir)
 }
 
 // getenv is the last value of key in env (the one exec gives the process).

@@ -74,6 +74,7 @@ func pid1() error {
 		Root: "/", Control: control, Stdin: stdin, Stdout: stdout, Stderr: stderr,
 		Waiter: SysWaiter{}, PID1: true, PowerButton: press, Prepare: prepare,
 		OpenPMI: openPMIPorts, OpenPort: openPort, Mount: mountAt, Unmount: unmountAt,
+		MakeGPUNodes: GPUNodes{Root: "/", Mknod: unix.Mknod}.Make,
 	}
 	for _, w := range warnings {
 		a.Logf("%s", w)

@@ -42,7 +42,8 @@ type Bind struct {
 }
 
 // MaxBinds is how many binds a job takes: a virtio-console has 16 named
-// ports, of which the job's control, streams and PMI take 6.
+// ports, of which the job's control, streams and PMI take 6 (and the host
+// GPU driver's two directories, with an NVIDIA GPU, two of these 10).
 const MaxBinds = 10
 
 // PortPrefix names the binds' ports: PortPrefix + index.

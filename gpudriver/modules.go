@@ -75,6 +75,19 @@ func ForModaliases(aliases []string) Modules {
 	return m
 }
 
+// GPUs counts the NVIDIA GPUs (display or 3D controllers of vendor
+// 0x10de) among the passed-through devices' modaliases: the GPUs whose
+// device nodes a guest needs (Nodes).
+func GPUs(aliases []string) int {
+	n := 0
+	for _, a := range aliases {
+		if v, class, ok := parsePCIModalias(a); ok && v == vendorNVIDIA && class == classDisplay {
+			n++
+		}
+	}
+	return n
+}
+
 // parsePCIModalias reads the vendor and base class of a PCI modalias,
 // "pci:v000010DEd00002335sv000010DEsd000018BEbc03sc02i00".
 func parsePCIModalias(a string) (vendor, class uint32, ok bool) {

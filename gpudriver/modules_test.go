@@ -68,3 +68,9 @@ func TestModulesForConnectX(t *testing.T) {
 	require.Equal(t, gpudriver.Modules{}, gpudriver.ForModaliases([]string{nvmeAlias, "pci:v000010DEd000022A3sv*", "garbage"}),
 		"an NVMe drive, an NVIDIA function without a class (an NVSwitch is class 0680) and junk bring nothing")
 }
+
+func TestGPUs(t *testing.T) {
+	require.Equal(t, 2, gpudriver.GPUs([]string{h100Alias, cx7ibAlias, h100Alias, nvmeAlias, "pci:v000010DEd000022A3sv000010DEsd00001796bc06sc80i00", "junk"}),
+		"two H100s; a ConnectX, an NVMe drive, an NVSwitch (class 0680) and junk are no GPUs")
+	require.Zero(t, gpudriver.GPUs(nil))
+}

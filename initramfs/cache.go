@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/hpcvmm/hpcvmm/cachedir"
 	"github.com/hpcvmm/hpcvmm/evict"
+	"github.com/hpcvmm/hpcvmm/kmodules"
 	"github.com/hpcvmm/hpcvmm/trustfs"
 )
 
@@ -534,4 +536,44 @@ func (c *Cache) evict(keep string) error {
 		return fmt.Errorf("initramfs: cache: evict: %w", err)
 	}
 	return nil
+}
+
+// normalizedSet is names normalized (kmodules.Normalize) and sorted, for
+// the cache key: the order and spelling of a set do not change the archive.
+func normalizedSet(names []string) []string {
+	out := make([]string, 0, len(names))
+	for _, m := range names {
+		out = append(out, kmodules.Normalize(m))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// cacheKey hashes what the archive is built from; see the package doc.
+func cacheKey(cfg Config, cache *Cache) (key, agentSum string, err error) {
+	imKey, err := cfg.Image.KeyUsing(cache)
+	if err != nil {
+		return "", "", err
+	}
+	sum, _, err := cache.FileSHA256(cfg.Agent)
+	if err != nil {
+		return "", "", fmt.Errorf("initramfs: agent %s: %w", cfg.Agent, err)
+	}
+	mods := cfg.Modules
+	if mods == nil {
+		mods = kmodules.DefaultModules
+	}
+	norm := normalizedSet(mods)
+	aliases := slices.Clone(cfg.Modaliases)
+	slices.Sort(aliases)
+	hostDir := cfg.HostModules
+	if hostDir == "" {
+		hostDir = kmodules.DefaultHostDir
+	}
+	hostDir, _ = filepath.Abs(hostDir)
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\nimage %s\nagent %x\nrelease %q\nmodules %q\noptional %q\nexclude %q\nmodaliases %q\nhost %q %s\n",
+		formatVersion, imKey, sum, cfg.Release, norm, normalizedSet(cfg.Optional), normalizedSet(cfg.Exclude), aliases,
+		hostDir, kmodules.HostState(hostDir, cfg.Release))
+	return hex.EncodeToString(h.Sum(nil)), hex.EncodeToString(sum[:]), nil
 }

@@ -20,8 +20,8 @@
 // hpcvmm's.
 //
 // Built archives are cached (cache.go): the key is a hash of IMAGE's key,
-// the agent's SHA-256, the kernel release, the modules and modaliases
-// asked for, the host modules directory's state and the archive format's
+// the agent's SHA-256, the kernel release, the modules (to load, optional
+// and excluded) and modaliases asked for, the host modules directory's state and the archive format's
 // version, so a warm launch of an unchanged IMAGE builds nothing; for a tar
 // or container IMAGE and the agent it hashes nothing either (identity
 // records), for a directory IMAGE it reads the tree once (rootfs.Image.Key).
@@ -38,8 +38,6 @@ import (
 	"io/fs"
 	"os"
 	"path"
-	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/hpcvmm/hpcvmm/kmodules"
@@ -79,6 +77,11 @@ type Config struct {
 	// Modaliases are the passed-through devices' modaliases
 	// (kmodules.PCIModalias).
 	Modaliases []string
+	// Optional are modules loaded where the guest kernel has them and
+	// Exclude modules never loaded, as kmodules.Config's (an NVIDIA
+	// GPU's nvidia_modeset and nouveau: gpudriver.ForModaliases). Both
+	// are part of the cache key: another module set is another archive.
+	Optional, Exclude []string
 	// CacheDir is the cache directory ("": the user's own,
 	// cachedir.Default), CacheMax its
 	// bound in bytes (0: DefaultCacheMax).
@@ -167,7 +170,7 @@ func Extra(cfg Config) (archive, unpacked int64, err error) {
 		return 0, 0, fmt.Errorf("initramfs: agent: %w", err)
 	}
 	add(strings.TrimPrefix(AgentPath, "/"), fi.Size())
-	set, err := kmodules.Resolve(kmodules.Config{Release: cfg.Release, Image: cfg.Image, HostDir: cfg.HostModules, Modules: cfg.Modules, Modaliases: cfg.Modaliases})
+	set, err := kmodules.Resolve(cfg.modules(cfg.Image))
 	if err != nil {
 		return 0, 0, err
 	}
@@ -294,42 +297,16 @@ func (r *Result) fill(m *meta) {
 	r.Modules, r.Unmatched, r.ModuleSource = m.modules, m.unmatched, m.source
 }
 
-// cacheKey hashes what the archive is built from; see the package doc.
-func cacheKey(cfg Config, cache *Cache) (key, agentSum string, err error) {
-	imKey, err := cfg.Image.KeyUsing(cache)
-	if err != nil {
-		return "", "", err
-	}
-	sum, _, err := cache.FileSHA256(cfg.Agent)
-	if err != nil {
-		return "", "", fmt.Errorf("initramfs: agent %s: %w", cfg.Agent, err)
-	}
-	mods := cfg.Modules
-	if mods == nil {
-		mods = kmodules.DefaultModules
-	}
-	norm := make([]string, 0, len(mods))
-	for _, m := range mods {
-		norm = append(norm, kmodules.Normalize(m))
-	}
-	slices.Sort(norm)
-	aliases := slices.Clone(cfg.Modaliases)
-	slices.Sort(aliases)
-	hostDir := cfg.HostModules
-	if hostDir == "" {
-		hostDir = kmodules.DefaultHostDir
-	}
-	hostDir, _ = filepath.Abs(hostDir)
-	h := sha256.New()
-	fmt.Fprintf(h, "%s\nimage %s\nagent %x\nrelease %q\nmodules %q\nmodaliases %q\nhost %q %s\n",
-		formatVersion, imKey, sum, cfg.Release, norm, aliases, hostDir, kmodules.HostState(hostDir, cfg.Release))
-	return hex.EncodeToString(h.Sum(nil)), hex.EncodeToString(sum[:]), nil
+// modules is what cfg asks of package kmodules, with im as the image.
+func (cfg Config) modules(im kmodules.Files) kmodules.Config {
+	return kmodules.Config{Release: cfg.Release, Image: im, HostDir: cfg.HostModules, Modules: cfg.Modules,
+		Modaliases: cfg.Modaliases, Optional: cfg.Optional, Exclude: cfg.Exclude}
 }
 
 // build writes the archive for cfg into the cache under key.
 func build(cfg Config, cache *Cache, key, agentSum string) (m *meta, err error) {
 	im := cfg.Image
-	set, err := kmodules.Resolve(kmodules.Config{Release: cfg.Release, Image: im, HostDir: cfg.HostModules, Modules: cfg.Modules, Modaliases: cfg.Modaliases})
+	set, err := kmodules.Resolve(cfg.modules(im))
 	if err != nil {
 		return nil, err
 	}

@@ -684,3 +684,60 @@ func TestExtraBoundsTheBuild(t *testing.T) {
 	_, err = Build(cfg)
 	require.ErrorContains(t, err, "raise --memory", "a MiB below the build's own minimum is refused")
 }
+
+// TestBuildGPUModules: an NVIDIA GPU's module set (gpudriver.ForModaliases:
+// nvidia and nvidia_uvm to load, nvidia_modeset optional, nouveau
+// excluded) from a module tree where they live outside the distribution's
+// kernel/ directory (updates/dkms, as DKMS installs them; extra/ is the
+// same to kmodules: any relative modules.dep path): the archive holds them
+// at those paths and lists them in load order, without nouveau; a
+// different Optional or Exclude set is another cache entry.
+func TestBuildGPUModules(t *testing.T) {
+	const h100 = "pci:v000010DEd00002330sv000010DEsd000016C1bc03sc02i00"
+	tree, err := filepath.Abs("../gpudriver/testdata/host/usr/lib/modules")
+	require.NoError(t, err)
+	cfg := config(t, imageDir(t))
+	cfg.Release, cfg.HostModules, cfg.Modaliases = "6.18.44-fc-v657-gpu", tree, []string{h100}
+	cfg.Modules = []string{"nvidia", "nvidia_uvm"}
+	cfg.Optional, cfg.Exclude = []string{"nvidia_modeset"}, []string{"nouveau"}
+	res, err := Build(cfg)
+	require.NoError(t, err)
+	require.Equal(t, []string{"nvidia", "nvidia_uvm", "nvidia_modeset"}, res.Modules)
+	_, content := readArchive(t, res.Path)
+	require.Equal(t, "/usr/lib/modules/6.18.44-fc-v657-gpu/updates/dkms/nvidia.ko\n"+
+		"/usr/lib/modules/6.18.44-fc-v657-gpu/updates/dkms/nvidia-uvm.ko\n"+
+		"/usr/lib/modules/6.18.44-fc-v657-gpu/updates/dkms/nvidia-modeset.ko\n", content[".hpcvmm/modules"])
+	require.True(t, strings.HasPrefix(content["usr/lib/modules/6.18.44-fc-v657-gpu/updates/dkms/nvidia-uvm.ko"], "\x7fELF"))
+
+	reopen := func(c Config) Config {
+		c.Image, err = rootfs.Open(cfg.Image.Path())
+		require.NoError(t, err)
+		return c
+	}
+	hit, err := Build(reopen(cfg))
+	require.NoError(t, err)
+	require.True(t, hit.Hit, "the same module set hits")
+
+	noExclude := reopen(cfg)
+	noExclude.Exclude = nil
+	other, err := Build(noExclude)
+	require.NoError(t, err)
+	require.False(t, other.Hit, "without Exclude: another key")
+	require.NotEqual(t, res.Key, other.Key)
+	require.Contains(t, other.Modules, "nouveau", "the modalias brings nouveau when it is not excluded")
+
+	noOptional := reopen(cfg)
+	noOptional.Optional = nil
+	other, err = Build(noOptional)
+	require.NoError(t, err)
+	require.False(t, other.Hit, "without Optional: another key")
+	require.NotContains(t, other.Modules, "nvidia_modeset")
+
+	// Spelling and order do not matter: the same set, the same entry.
+	respelled := reopen(cfg)
+	respelled.Optional, respelled.Exclude = []string{"nvidia-modeset"}, []string{"nouveau"}
+	again, err := Build(respelled)
+	require.NoError(t, err)
+	require.True(t, again.Hit)
+	require.Equal(t, res.Key, again.Key)
+}

@@ -101,6 +101,9 @@ func New(spec Spec, streams Streams, opts Options) (*Job, error) {
 	if len(spec.Argv) == 0 {
 		return nil, errors.New("job: Spec.Argv: no command; give the command and its arguments")
 	}
+	if spec.GPUs > jobproto.MaxGPUs {
+		return nil, fmt.Errorf("job: Spec.GPUs: %d NVIDIA GPUs, at most %d", spec.GPUs, jobproto.MaxGPUs)
+	}
 	if _, err := jobproto.AppendFrame(nil, (*jobproto.Start)(&spec)); err != nil {
 		return nil, fmt.Errorf("job: Spec: %w: shorten the arguments or the environment", err)
 	}

@@ -59,6 +59,9 @@ func (m *Start) appendBody(b []byte) []byte {
 		b = binary.AppendUvarint(b, uint64(mt.MSize))
 		b = appendString(b, mt.Cache)
 	}
+	if m.GPUs != 0 { // see Start.GPUs: absent means none
+		b = binary.AppendUvarint(b, uint64(m.GPUs))
+	}
 	return b
 }
 
@@ -136,6 +139,12 @@ func (m *Start) decodeBody(d *decoder) {
 		mt.ReadOnly = d.bool("mount read-only")
 		mt.MSize = uint32(d.uint("mount msize", 1<<32-1))
 		mt.Cache = d.string("mount cache")
+	}
+	if d.err == nil && len(d.b) > 0 {
+		m.GPUs = uint32(d.uint("gpus", MaxGPUs))
+		if d.err == nil && m.GPUs == 0 {
+			d.fail("gpus: 0 spelled out (none is encoded as nothing)")
+		}
 	}
 }
 

@@ -147,7 +147,20 @@ type Start struct {
 	// port of their own) before COMMAND starts, in order; at most
 	// MaxMounts.
 	Mounts []Mount
+	// GPUs is how many NVIDIA GPUs the VM has passed through (at most
+	// MaxGPUs; 0: none): once the modules are loaded and before COMMAND
+	// starts, the agent creates their device nodes (/dev/nvidiaN,
+	// nvidiactl, nvidia-uvm, nvidia-caps) as the driver's tools do on a
+	// host, with the majors of the guest's own /proc/devices. It is
+	// encoded last and only when not 0, so a Start without GPUs has the
+	// bytes it had before the field existed: Version stays 1, and a
+	// frame that spells out 0 is not canonical and refused.
+	GPUs uint32
 }
+
+// MaxGPUs bounds Start.GPUs: the nvidia major's minors 0-254 are GPUs,
+// 255 is nvidiactl.
+const MaxGPUs = 255
 
 // Mount is one host directory in the guest: the agent relays the port
 // Port to a socket pair and mounts the kernel's 9P client on it at Target.
@@ -168,6 +181,17 @@ type Mount struct {
 // on one of them, or beneath one, would hide what the job's VM runs on.
 // The host refuses such a bind (package binds) and the agent such a Mount.
 var ReservedTargets = []string{"/", "/proc", "/sys", "/dev", "/.hpcvmm"}
+
+// The host NVIDIA driver's user space in the guest (issue 32): two flat
+// read-only 9P directories of host files (the libraries with their soname
+// links, the programs), mounted by the agent as Mounts at these targets,
+// the only Mount targets beneath a reserved path it takes. COMMAND's
+// LD_LIBRARY_PATH and PATH get them appended, as Apptainer's --nv appends
+// /.singularity.d/libs.
+const (
+	DriverLibDir = "/.hpcvmm/driver/lib"
+	DriverBinDir = "/.hpcvmm/driver/bin"
+)
 
 // ReservedBy returns the reserved path that target is or lies beneath, ""
 // when it is free.

@@ -39,7 +39,9 @@ func samples() []Message {
 				{Port: "org.hpcvmm.9p.0", Target: "/home/alice", MSize: 512 << 10, Cache: "none"},
 				{Port: "org.hpcvmm.9p.1", Target: "/data", ReadOnly: true},
 			},
+			GPUs: MaxGPUs,
 		},
+		&Start{Argv: []string{"nvidia-smi"}, GPUs: 1},
 		&Start{Argv: []string{"true"}},
 		&Signal{Signo: uint8(syscall.SIGTERM)},
 		&Signal{Signo: 64},
@@ -126,6 +128,37 @@ func TestBounds(t *testing.T) {
 	} {
 		_, err := Decode(frame)
 		require.ErrorIs(t, err, ErrMalformed, "frame %x", frame)
+	}
+}
+
+// TestStartGPUsCompatible: a Start without GPUs encodes as it did before
+// the field (the bytes of a version-1 agent's frame, so either side may be
+// the older), GPUs is encoded as a trailing uvarint only when not 0, and
+// the decoder refuses a spelt-out 0, a count over MaxGPUs and anything
+// after it.
+func TestStartGPUsCompatible(t *testing.T) {
+	// The frame of Start{Argv: ["true"]} as version 1 always wrote it:
+	// argv, env, workdir, setuser, uid, gid, tty, rows, cols, hostname,
+	// interfaces, dns, hugepages, stop grace, pmi, groups, user name,
+	// group name, home, mounts.
+	old := []byte{Version, byte(TypeStart), 1, 4, 't', 'r', 'u', 'e', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+	b, err := AppendFrame(nil, &Start{Argv: []string{"true"}})
+	require.NoError(t, err)
+	require.Equal(t, old, b[headerLen:])
+	m, err := Decode(old)
+	require.NoError(t, err)
+	require.Zero(t, m.(*Start).GPUs)
+
+	b, err = AppendFrame(nil, &Start{Argv: []string{"true"}, GPUs: 8})
+	require.NoError(t, err)
+	require.Equal(t, append(append([]byte{}, old...), 8), b[headerLen:])
+	m, err = Decode(b[headerLen:])
+	require.NoError(t, err)
+	require.Equal(t, uint32(8), m.(*Start).GPUs)
+
+	for _, tail := range [][]byte{{0}, {0x80, 0x02} /* 256 */, {1, 0}, {0x81, 0x00} /* not shortest */} {
+		_, err := Decode(append(append([]byte{}, old...), tail...))
+		require.ErrorIs(t, err, ErrMalformed, "tail %x", tail)
 	}
 }
 

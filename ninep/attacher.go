@@ -33,9 +33,11 @@ type Options struct {
 	Logf func(format string, args ...any)
 }
 
-// attacher serves one export: the root descriptor and the rules.
+// attacher serves one export: the root descriptor and the rules, or a
+// FileSet's nodes (set; root nil).
 type attacher struct {
 	root    *node
+	set     *setFS
 	rootDev uint64
 	ro      bool
 	o       Options
@@ -89,12 +91,29 @@ func (a *attacher) readOnly(op string) error {
 
 // Attach implements p9.Attacher: the export's root.
 func (a *attacher) Attach() (p9.File, error) {
+	if a.set != nil {
+		return a.newSetEntry(-1)
+	}
 	return a.newFile(a.root.incRef(), nil, "")
 }
 
-// close lets go of the attacher's own reference to the root (its files
-// keep theirs).
-func (a *attacher) close() { a.root.decRef() }
+// close lets go of the attacher's own reference to the root or the set's
+// nodes (its files keep theirs).
+func (a *attacher) close() {
+	if a.set != nil {
+		a.set.close()
+		return
+	}
+	a.root.decRef()
+}
+
+// newSetAttacher serves fs, read-only.
+func newSetAttacher(fs *setFS, o Options) *attacher {
+	if o.MaxFids <= 0 {
+		o.MaxFids = DefaultMaxFids
+	}
+	return &attacher{set: fs, ro: true, o: o, fids: counter{max: o.MaxFids}}
+}
 
 // newFile wraps n (whose reference it takes over) as a file named name in
 // parent (nil for the root, whose reference it takes over too), within

@@ -3,7 +3,9 @@ package ninep
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,15 +20,69 @@ const refusalInterval = 10 * time.Second
 
 // childConfig is what the child's arguments say.
 type childConfig struct {
-	msize    uint32
-	mode     string // "off", "kill" or "log"
-	readOnly []bool
+	msize   uint32
+	mode    string // "off", "kill" or "log"
+	exports []childExport
+}
+
+// childExport is one export of the child's arguments: a directory's
+// access, or a file set's shape and names.
+type childExport struct {
+	readOnly bool
+	set      *childSet
+}
+
+type childSet struct {
+	dirs  int
+	names []string
+	dirOf []int
+	links []SetLink
+}
+
+// parseSetArgs parses a file set's arguments (setArgs) from args[0]; it
+// returns the set and how many arguments it took.
+func parseSetArgs(args []string) (*childSet, int, error) {
+	var d, f, l int
+	if n, err := fmt.Sscanf(args[0], "set:%d:%d:%d", &d, &f, &l); n != 3 || err != nil || fmt.Sprintf("set:%d:%d:%d", d, f, l) != args[0] ||
+		d < 0 || f < 0 || l < 0 || d > f || f+l > MaxSetEntries || len(args) < 1+f+l {
+		return nil, 0, fmt.Errorf("file set %q: not set:DIRS:FILES:LINKS with that many names after it", args[0])
+	}
+	s := &childSet{dirs: d}
+	seen := map[string]bool{}
+	for _, a := range args[1 : 1+f] {
+		dir, name, ok := strings.Cut(a, "/")
+		i, err := strconv.Atoi(dir)
+		if !ok || err != nil || i < 0 || i >= d || !validName(name) || seen[name] {
+			return nil, 0, fmt.Errorf("file set entry %q: not DIR/NAME with a directory below %d and a new name", a, d)
+		}
+		seen[name] = true
+		s.names, s.dirOf = append(s.names, name), append(s.dirOf, i)
+	}
+	for _, a := range args[1+f : 1+f+l] {
+		name, target, ok := strings.Cut(a, "/")
+		if !ok || !validName(name) || seen[name] {
+			return nil, 0, fmt.Errorf("file set link %q: not NAME/TARGET with a new name", a)
+		}
+		seen[name] = true
+		s.links = append(s.links, SetLink{Name: name, Target: target})
+	}
+	for _, l := range s.links {
+		if !seen[l.Target] || l.Target == l.Name {
+			return nil, 0, fmt.Errorf("file set link %s: target %q is not another name of the set", l.Name, l.Target)
+		}
+	}
+	if !slices.IsSortedFunc(s.links, func(a, b SetLink) int { return strings.Compare(a.Name, b.Name) }) ||
+		!slices.IsSorted(s.names) {
+		return nil, 0, fmt.Errorf("file set %q: names not in order", args[0])
+	}
+	return s, 1 + f + l, nil
 }
 
 // parseChildArgs checks the child's arguments: -msize N -seccomp
-// off|kill|log, then rw or ro for each export. Log mode is for finding
-// the list by hand (hpcvmm-9p run with -seccomp log, the kernel's audit
-// lines read back); Spawn passes off or kill.
+// off|kill|log, then rw or ro for each directory export, a file set's
+// arguments for each set (setArgs). Log mode is for finding the list by
+// hand (hpcvmm-9p run with -seccomp log, the kernel's audit lines read
+// back); Spawn passes off or kill.
 func parseChildArgs(args []string) (childConfig, error) {
 	var c childConfig
 	if len(args) < 5 || args[0] != "-msize" || args[2] != "-seccomp" {
@@ -45,44 +101,73 @@ func parseChildArgs(args []string) (childConfig, error) {
 	default:
 		return c, fmt.Errorf("-seccomp %q: give off, kill or log", args[3])
 	}
-	for _, a := range args[4:] {
-		switch a {
-		case "rw", "ro":
-			c.readOnly = append(c.readOnly, a == "ro")
+	for rest := args[4:]; len(rest) > 0; {
+		switch a := rest[0]; {
+		case a == "rw" || a == "ro":
+			c.exports = append(c.exports, childExport{readOnly: a == "ro"})
+			rest = rest[1:]
+		case strings.HasPrefix(a, "set:"):
+			set, n, err := parseSetArgs(rest)
+			if err != nil {
+				return c, err
+			}
+			c.exports = append(c.exports, childExport{readOnly: true, set: set})
+			rest = rest[n:]
 		default:
-			return c, fmt.Errorf("export flag %q: give rw or ro", a)
+			return c, fmt.Errorf("export flag %q: give rw, ro or a file set", a)
 		}
 	}
 	return c, nil
 }
 
-// childFiles checks and wraps the descriptors of export i: a directory,
-// a pipe (or socket) to read requests from, one to write replies to.
-func childFiles(i int) (root, requests, replies *os.File, err error) {
-	base := 3 + 3*i
+// childFiles checks and wraps the descriptors of export i from base on
+// (Spawn's order): a directory and two pipes (or sockets), requests to
+// read and replies to write; for a file set, the pipes, then set.dirs
+// directories and a regular file per name. It returns the descriptor
+// after them.
+func childFiles(i, base int, set *childSet) (ex Export, requests, replies *os.File, next int, err error) {
 	kinds := []uint32{unix.S_IFDIR, unix.S_IFIFO, unix.S_IFIFO}
+	pipeAt := 1
+	if set != nil {
+		kinds, pipeAt = []uint32{unix.S_IFIFO, unix.S_IFIFO}, 0
+		for range set.dirs {
+			kinds = append(kinds, unix.S_IFDIR)
+		}
+		for range set.names {
+			kinds = append(kinds, unix.S_IFREG)
+		}
+	}
+	files := make([]*os.File, len(kinds))
 	for j, want := range kinds {
-		st, err := statFD(base + j)
+		fd := base + j
+		st, err := statFD(fd)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("export %d: descriptor %d: %w", i, base+j, err)
+			return Export{}, nil, nil, 0, fmt.Errorf("export %d: descriptor %d: %w", i, fd, err)
 		}
 		got := st.Mode & unix.S_IFMT
 		if got != want && !(want == unix.S_IFIFO && got == unix.S_IFSOCK) {
-			return nil, nil, nil, fmt.Errorf("export %d: descriptor %d is of type %#o, want %#o", i, base+j, got, want)
+			return Export{}, nil, nil, 0, fmt.Errorf("export %d: descriptor %d is of type %#o, want %#o", i, fd, got, want)
 		}
-		unix.CloseOnExec(base + j)
-		if j > 0 {
+		unix.CloseOnExec(fd)
+		if j == pipeAt || j == pipeAt+1 {
 			// Non-blocking, so that os.NewFile makes the pipes
 			// pollable: a request waiting for the guest parks a
 			// goroutine, not a thread.
-			if err := unix.SetNonblock(base+j, true); err != nil {
-				return nil, nil, nil, fmt.Errorf("export %d: descriptor %d: %w", i, base+j, err)
+			if err := unix.SetNonblock(fd, true); err != nil {
+				return Export{}, nil, nil, 0, fmt.Errorf("export %d: descriptor %d: %w", i, fd, err)
 			}
 		}
+		files[j] = os.NewFile(uintptr(fd), fmt.Sprintf("export-%d-%d", i, j))
 	}
-	return os.NewFile(uintptr(base), "export-"+strconv.Itoa(i)),
-		os.NewFile(uintptr(base+1), "requests-"+strconv.Itoa(i)),
-		os.NewFile(uintptr(base+2), "replies-"+strconv.Itoa(i)), nil
+	requests, replies = files[pipeAt], files[pipeAt+1]
+	if set == nil {
+		return Export{Root: files[0]}, requests, replies, base + len(files), nil
+	}
+	fs := &FileSet{dirs: files[2 : 2+set.dirs], links: set.links}
+	for k, name := range set.names {
+		fs.files = append(fs.files, setFile{name: name, dir: set.dirOf[k], f: files[2+set.dirs+k]})
+	}
+	return Export{Files: fs}, requests, replies, base + len(files), nil
 }
 
 // ChildMain is the file server child's main: cmd/hpcvmm calls it when its
@@ -101,15 +186,20 @@ func ChildMain() int {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", ChildName, err)
 		return 2
 	}
-	type files struct{ root, req, rep *os.File }
+	type files struct {
+		ex       Export
+		req, rep *os.File
+	}
 	var fs []files
-	for i := range c.readOnly {
-		root, req, rep, err := childFiles(i)
+	next := 3
+	for i, e := range c.exports {
+		ex, req, rep, n, err := childFiles(i, next, e.set)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "%s: %v\n", ChildName, err)
 			return 2
 		}
-		fs = append(fs, files{root, req, rep})
+		ex.ReadOnly, next = e.readOnly, n
+		fs = append(fs, files{ex, req, rep})
 	}
 	log := NewRateLimiter(os.Stderr, refusalInterval)
 	switch c.mode {
@@ -131,7 +221,7 @@ func ChildMain() int {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := Serve(Export{Root: f.root, ReadOnly: c.readOnly[i]}, f.req, f.rep, o); err != nil {
+			if err := Serve(f.ex, f.req, f.rep, o); err != nil {
 				fmt.Fprintf(os.Stderr, "%s: export %d: %v\n", ChildName, i, err)
 			}
 		}()

@@ -54,6 +54,17 @@
 // Refusals are reported to Options.Refused; the child writes them to its
 // stderr through a RateLimiter (one line per kind per 10 s, with counts).
 //
+// # File sets
+//
+// An Export of Files (OpenFileSet) serves a fixed set of host files as one
+// flat read-only directory: the host NVIDIA driver's libraries and
+// programs in a job's guest (issue 32). Its root is synthetic, a walk from
+// it finds the set's names only, and each file is the node above: its
+// O_PATH|O_NOFOLLOW descriptor opened by hpcvmm, reopened by name beneath
+// its host directory's descriptor and served only while it is that inode.
+// The set's links are symbolic links made here, their text a name of the
+// set (fileset.go says why links and not a second name of the file).
+//
 // # Process
 //
 // The server runs in a child process, hpcvmm's binary as "hpcvmm-9p"

@@ -25,13 +25,39 @@ const (
 )
 
 // Export is one bound directory: SRC's root descriptor and whether the
-// guest may change it.
+// guest may change it; or a FileSet, a flat read-only directory of host
+// files (Root nil).
 type Export struct {
 	// Root is a descriptor of SRC (O_PATH|O_DIRECTORY|O_CLOEXEC is
 	// enough), opened by the caller, which keeps and closes it.
 	Root *os.File
 	// ReadOnly refuses every changing request with EROFS.
 	ReadOnly bool
+	// Files, instead of Root, serves a fixed set of host files as one
+	// flat directory, always read-only; the caller keeps and closes it.
+	Files *FileSet
+}
+
+// attacher returns e's attacher.
+func (e Export) attacher(o Options) (*attacher, error) {
+	if e.Files == nil {
+		return newAttacher(e.Root, e.ReadOnly, o)
+	}
+	if e.Root != nil {
+		return nil, fmt.Errorf("ninep: an export has a root directory or a file set, not both")
+	}
+	s := e.Files
+	var files []*os.File
+	var names []string
+	var dirOf []int
+	for _, f := range s.files {
+		files, names, dirOf = append(files, f.f), append(names, f.name), append(dirOf, f.dir)
+	}
+	fs, err := newSetFS(s.dirs, files, names, dirOf, s.links)
+	if err != nil {
+		return nil, err
+	}
+	return newSetAttacher(fs, o), nil
 }
 
 // messageSize is o's bound on a message, checked.
@@ -58,7 +84,7 @@ func Serve(e Export, requests io.ReadCloser, replies io.WriteCloser, o Options) 
 		replies.Close()
 		return err
 	}
-	a, err := newAttacher(e.Root, e.ReadOnly, o)
+	a, err := e.attacher(o)
 	if err != nil {
 		requests.Close()
 		replies.Close()

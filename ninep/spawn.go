@@ -60,9 +60,10 @@ type Process struct {
 }
 
 // Spawn starts hpcvmm's binary self as the file server (argv[0]
-// ChildName) for exports, each given as its root descriptor and two pipes
-// (the child's descriptors 3+3i, 4+3i, 5+3i), with the read-only flags
-// and bounds as arguments that the child checks. The child is killed if
+// ChildName) for exports, each given as descriptors from 3 on, in order:
+// a directory export's root and two pipes, a file set's two pipes, its
+// directories and its files; with the read-only flags, the sets' names
+// and the bounds as arguments that the child checks. The child is killed if
 // hpcvmm ends (Pdeathsig, from a thread kept for the child's lifetime).
 // Nothing is started when an export or option is unusable.
 func Spawn(self string, exports []Export, o SpawnOptions) (*Process, error) {
@@ -77,29 +78,14 @@ func Spawn(self string, exports []Export, o SpawnOptions) (*Process, error) {
 		return nil, err
 	}
 	p := &Process{done: make(chan struct{})}
-	var child []*os.File // the child's ends, closed here once it runs
+	child, pipes, err := p.childFiles(exports)
+	if err != nil {
+		return nil, err
+	}
 	closeAll := func() {
-		for _, f := range child {
+		for _, f := range pipes {
 			f.Close()
 		}
-	}
-	for _, e := range exports {
-		reqR, reqW, err := os.Pipe()
-		if err != nil {
-			closeAll()
-			p.closeConns()
-			return nil, fmt.Errorf("ninep: pipe: %w", err)
-		}
-		repR, repW, err := os.Pipe()
-		if err != nil {
-			reqR.Close()
-			reqW.Close()
-			closeAll()
-			p.closeConns()
-			return nil, fmt.Errorf("ninep: pipe: %w", err)
-		}
-		child = append(child, e.Root, reqR, repW)
-		p.Conns = append(p.Conns, Conn{Requests: reqW, Replies: repR})
 	}
 	log := o.Log
 	if log == nil {
@@ -146,12 +132,9 @@ func Spawn(self string, exports []Export, o SpawnOptions) (*Process, error) {
 	}()
 	err = <-started
 	errW.Close()
-	// The child has its own copies now; the roots stay the caller's.
-	for i, f := range child {
-		if i%3 != 0 {
-			f.Close()
-		}
-	}
+	// The child has its own copies now; the roots and sets stay the
+	// caller's.
+	closeAll()
 	if err != nil {
 		errR.Close()
 		p.closeConns()
@@ -165,6 +148,39 @@ func Spawn(self string, exports []Export, o SpawnOptions) (*Process, error) {
 	return p, nil
 }
 
+// childFiles makes each export's two pipes (p.Conns gets the ends of
+// ours) and returns the child's descriptors in Spawn's order and those of
+// them made here (the pipes' other ends), to close once the child runs.
+func (p *Process) childFiles(exports []Export) (child, pipes []*os.File, err error) {
+	for _, e := range exports {
+		reqR, reqW, err := os.Pipe()
+		if err == nil {
+			var repR, repW *os.File
+			if repR, repW, err = os.Pipe(); err == nil {
+				pipes = append(pipes, reqR, repW)
+				if e.Files == nil {
+					child = append(child, e.Root, reqR, repW)
+				} else {
+					child = append(append(child, reqR, repW), e.Files.dirs...)
+					for _, f := range e.Files.files {
+						child = append(child, f.f)
+					}
+				}
+				p.Conns = append(p.Conns, Conn{Requests: reqW, Replies: repR})
+				continue
+			}
+			reqR.Close()
+			reqW.Close()
+		}
+		for _, f := range pipes {
+			f.Close()
+		}
+		p.closeConns()
+		return nil, nil, fmt.Errorf("ninep: pipe: %w", err)
+	}
+	return child, pipes, nil
+}
+
 // childArgs are the child's arguments for exports: its message bound, its
 // seccomp mode and each export's access, after each root is checked to be
 // a directory.
@@ -174,6 +190,13 @@ func childArgs(exports []Export, o SpawnOptions) ([]string, error) {
 		args[4] = "kill"
 	}
 	for i, e := range exports {
+		if e.Files != nil {
+			if e.Root != nil {
+				return nil, fmt.Errorf("ninep: export %d has a root directory and a file set: give one", i)
+			}
+			args = append(args, setArgs(e.Files)...)
+			continue
+		}
 		if e.Root == nil {
 			return nil, fmt.Errorf("ninep: export %d has no root descriptor", i)
 		}
@@ -183,6 +206,21 @@ func childArgs(exports []Export, o SpawnOptions) ([]string, error) {
 		args = append(args, map[bool]string{true: "ro", false: "rw"}[e.ReadOnly])
 	}
 	return args, nil
+}
+
+// setArgs are a file set's arguments: "set:DIRS:FILES:LINKS", then
+// "DIR/NAME" for each file (DIR its directory's index) and "NAME/TARGET"
+// for each link. Names never hold '/' (OpenFileSet), so the first one
+// splits them.
+func setArgs(s *FileSet) []string {
+	args := []string{fmt.Sprintf("set:%d:%d:%d", len(s.dirs), len(s.files), len(s.links))}
+	for _, f := range s.files {
+		args = append(args, strconv.Itoa(f.dir)+"/"+f.name)
+	}
+	for _, l := range s.links {
+		args = append(args, l.Name+"/"+l.Target)
+	}
+	return args
 }
 
 func (p *Process) closeConns() {

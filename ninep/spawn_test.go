@@ -233,7 +233,7 @@ func TestSpawnAndChildRefuseBadInput(t *testing.T) {
 	} {
 		_, err := parseChildArgs(args)
 		if err == nil {
-			_, _, _, err = childFiles(0)
+			_, _, _, _, err = childFiles(0, 3, nil)
 			if err == nil {
 				// The test binary has no descriptor 3 as a
 				// directory: checked by running the child.

@@ -24,6 +24,7 @@ import (
 	"github.com/hpcvmm/hpcvmm/agent"
 	"github.com/hpcvmm/hpcvmm/asuser"
 	"github.com/hpcvmm/hpcvmm/binds"
+	"github.com/hpcvmm/hpcvmm/gpudriver"
 	"github.com/hpcvmm/hpcvmm/initramfs"
 	"github.com/hpcvmm/hpcvmm/job"
 	"github.com/hpcvmm/hpcvmm/jobproto"
@@ -48,6 +49,13 @@ type jobFlags struct {
 	initrdCache string
 	// modules are --module's names, normalized (kmodules.Normalize).
 	modules []string
+	// modaliases are the passed-through devices' (deviceModaliases),
+	// read once the host checks passed.
+	modaliases []string
+	// gpuLibs is --gpu-libs (on, off), driver the host driver's user
+	// space opened for the job (jobDriver; nil: none).
+	gpuLibs string
+	driver  *driverFiles
 	bindFlags
 }
 
@@ -79,6 +87,13 @@ func addJobFlags(c *command, rf *runFlags) {
 		if n := kmodules.Normalize(s); !slices.Contains(f.modules, n) {
 			f.modules = append(f.modules, n)
 		}
+		return nil
+	})
+	g.Func("gpu-libs", "`on|off`: with an NVIDIA GPU passed through, the host driver's libraries and programs (of the loaded kernel module's version, as Apptainer's --nv gives them) read-only in the guest at "+jobproto.DriverLibDir+" and "+jobproto.DriverBinDir+", appended to COMMAND's LD_LIBRARY_PATH and PATH (default on; with --initrd only when on is given)", func(s string) error {
+		if !slices.Contains(gpuLibsModes, s) {
+			return fmt.Errorf("%q: give on or off", s)
+		}
+		f.gpuLibs = s
 		return nil
 	})
 	addBindFlags(g, &f.bindFlags)
@@ -220,6 +235,10 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 		return fail(exitCode(err, jobproto.CodeAgentFailed), "%s", describeError(err))
 	}
 
+	if err := jobDevices(c, f, &spec, len(opened), log); err != nil {
+		return fail(exitCode(err, 2), "%v", err)
+	}
+	defer jf.driver.Close()
 	if jf.rootfs != "" {
 		initrd, code := prepareRootfs(jf.rootfs, f, &spec, checkBindsInImage(opened), log, stderr)
 		if code >= 0 {
@@ -234,27 +253,20 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 		spec.TTY = true
 		spec.Rows, spec.Cols = terminalSize(stdout)
 	}
-	spec.Mounts = binds.Mounts(opened, jf.mountMSize, jf.mountCache)
+	spec.Mounts = append(binds.Mounts(opened, jf.mountMSize, jf.mountCache), jf.driver.mounts(len(opened), jf.mountMSize, jf.mountCache)...)
 	j, err := job.New(spec, job.Streams{Stdin: stdin, Stdout: stdout, Stderr: stderr},
 		job.Options{ShutdownTimeout: f.shutdownTimeout, Log: log})
 	if err != nil {
 		return fail(2, "%v", err)
 	}
 
-	cfg := jobConfig(f.cfg)
-	cfg.Stdin = nil
-	watch := &consoleWatch{w: consoleOut}
-	cfg.Stdout = watch // the kernel's console, never COMMAND's stdout
-	cfg.Progress = logOut
-	cfg.Logger = log
-	cfg.StartTime = processStart
-	cfg.ConsolePorts = j.Ports()
+	cfg, watch := jobVMConfig(f.cfg, j, consoleOut, logOut, log)
 	if step != nil {
 		defer step.Conn.Close()
 		cfg.ConsolePorts = append(cfg.ConsolePorts, pmiPorts(step, log)...)
 	}
 
-	server, err := serveJobBinds(opened, jf.mountMSize, acting, f.cfg.Seccomp, logOut, log)
+	server, err := serveJobBinds(opened, jf.driver.sets(), jf.mountMSize, acting, f.cfg.Seccomp, logOut, log)
 	if err != nil {
 		return fail(jobproto.CodeAgentFailed, "%v", err)
 	}
@@ -288,6 +300,38 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 		log.Debug("job: ended", "status", st.String())
 	}
 	return st.ExitCode()
+}
+
+// jobDevices reads the passed-through devices' modaliases (for the
+// initramfs's modules) and counts the NVIDIA GPUs among them, whose device
+// nodes the agent makes (a guest without the driver fails the job with the
+// reason), and opens the host driver's user space for them (jobDriver;
+// the 9P client is then in the initramfs).
+func jobDevices(c *command, f *runFlags, spec *job.Spec, nbinds int, log *slog.Logger) error {
+	var err error
+	if f.job.modaliases, err = deviceModaliases(f); err != nil {
+		return err
+	}
+	spec.GPUs = uint32(gpudriver.GPUs(f.job.modaliases))
+	if f.job.driver, err = jobDriver(&f.job, c.fs.Changed("gpu-libs"), spec, nbinds, log); err != nil {
+		return err
+	}
+	f.job.withBinds = f.job.withBinds || f.job.driver != nil
+	return nil
+}
+
+// jobVMConfig is the job's VM: jobConfig's, its output and log, the
+// job's ports; watch sees the kernel's console.
+func jobVMConfig(base vmm.Config, j *job.Job, consoleOut, logOut io.Writer, log *slog.Logger) (cfg vmm.Config, watch *consoleWatch) {
+	cfg = jobConfig(base)
+	cfg.Stdin = nil
+	watch = &consoleWatch{w: consoleOut}
+	cfg.Stdout = watch // the kernel's console, never COMMAND's stdout
+	cfg.Progress = logOut
+	cfg.Logger = log
+	cfg.StartTime = processStart
+	cfg.ConsolePorts = j.Ports()
+	return cfg, watch
 }
 
 // jobConfig is a job's VM: the flags' with the job's command line and
@@ -458,7 +502,7 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, check func(*rootfs
 			path = v
 		}
 	}
-	if _, err := im.LookPath(spec.Argv[0], path); err != nil {
+	if _, err := im.LookPath(spec.Argv[0], path); err != nil && !f.job.driver.provides(spec.Argv[0]) {
 		code := jobproto.CodeNotFound
 		if errors.Is(err, rootfs.ErrNotExecutable) {
 			code = jobproto.CodeNotExecutable
@@ -508,6 +552,11 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, check func(*rootfs
 				fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
 				return "", 2
 			}
+			var de *deviceModuleError
+			if errors.As(err, &de) {
+				fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
+				return "", de.exitCode()
+			}
 			fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: %s\n", image, imageError(image, err))
 			return "", 125
 		}
@@ -515,6 +564,10 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, check func(*rootfs
 	if err := checkModuleSource(res, f.job.modules, cfg.Release); err != nil {
 		fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
 		return "", 2
+	}
+	if err := checkDeviceModuleSource(res, cfg); err != nil {
+		fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
+		return "", exitCode(err, 2)
 	}
 	logInitrd(log, im, res, time.Since(t0))
 	return res.Path, -1

@@ -210,12 +210,13 @@ func jobUserAndBinds(jf *jobFlags, spec *job.Spec, acting *asuser.User, log *slo
 	return openJobBinds(&jf.bindFlags, spec, acting, home, log)
 }
 
-// serveJobBinds starts the file server on the opened sources: a process of
-// its own (hpcvmm's binary as hpcvmm-9p), with acting's rights when hpcvmm
-// acts for a user, under a seccomp list of its own unless --seccomp off;
-// its refusals go to logOut.
-func serveJobBinds(opened []binds.Opened, msize uint32, acting *asuser.User, sc vmm.SeccompMode, logOut io.Writer, log *slog.Logger) (*bindServer, error) {
-	if len(opened) == 0 {
+// serveJobBinds starts the file server on the opened sources and the file
+// sets (the host driver's, after the binds, on the ports that follow
+// theirs): a process of its own (hpcvmm's binary as hpcvmm-9p), with
+// acting's rights when hpcvmm acts for a user, under a seccomp list of its
+// own unless --seccomp off; its refusals go to logOut.
+func serveJobBinds(opened []binds.Opened, sets []*ninep.FileSet, msize uint32, acting *asuser.User, sc vmm.SeccompMode, logOut io.Writer, log *slog.Logger) (*bindServer, error) {
+	if len(opened)+len(sets) == 0 {
 		return &bindServer{}, nil
 	}
 	self, err := os.Executable()
@@ -225,6 +226,9 @@ func serveJobBinds(opened []binds.Opened, msize uint32, acting *asuser.User, sc 
 	exports := make([]ninep.Export, len(opened))
 	for i, o := range opened {
 		exports[i] = ninep.Export{Root: o.Root, ReadOnly: o.ReadOnly}
+	}
+	for _, s := range sets {
+		exports = append(exports, ninep.Export{Files: s})
 	}
 	opts := ninep.SpawnOptions{Log: logOut, MaxMessageSize: msize, Seccomp: sc != vmm.SeccompOff}
 	if acting != nil {
@@ -238,7 +242,9 @@ func serveJobBinds(opened []binds.Opened, msize uint32, acting *asuser.User, sc 
 	for i, c := range p.Conns {
 		s.Ports = append(s.Ports, console.Port{Name: binds.PortName(i), FromHost: c.Replies, ToHost: c.Requests})
 	}
-	log.Info("job: host directories bound", "binds", describeBinds(opened))
+	if len(opened) > 0 {
+		log.Info("job: host directories bound", "binds", describeBinds(opened))
+	}
 	go func() {
 		<-p.Done()
 		if !s.closing.Load() {

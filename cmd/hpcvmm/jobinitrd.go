@@ -11,6 +11,7 @@ import (
 
 	"github.com/hpcvmm/hpcvmm/asuser"
 	"github.com/hpcvmm/hpcvmm/boot"
+	"github.com/hpcvmm/hpcvmm/gpudriver"
 	"github.com/hpcvmm/hpcvmm/initramfs"
 	"github.com/hpcvmm/hpcvmm/kmodules"
 	"github.com/hpcvmm/hpcvmm/rootfs"
@@ -56,7 +57,8 @@ var executable = os.Executable
 
 // jobInitrdConfig is what IMAGE's initramfs is built from: the agent
 // (this binary), the guest kernel's release, the modules of the virtio
-// devices and the power button, and the passed-through devices' modaliases.
+// devices and the power button, and the passed-through devices' modaliases
+// (f.job.modaliases) with the modules they need besides.
 func jobInitrdConfig(im *rootfs.Image, f *runFlags) (initramfs.Config, error) {
 	self, err := executable()
 	if err != nil {
@@ -66,6 +68,22 @@ func jobInitrdConfig(im *rootfs.Image, f *runFlags) (initramfs.Config, error) {
 	if err != nil {
 		return initramfs.Config{}, err
 	}
+	aliases := f.job.modaliases
+	dev := gpudriver.ForModaliases(aliases)
+	return initramfs.Config{
+		Image: im, Agent: self, Release: release, Modaliases: aliases,
+		Modules:     append(jobModules(f.job.withBinds, f.job.modules), dev.Load...),
+		Optional:    dev.Optional,
+		Exclude:     dev.Exclude,
+		GuestMemory: int64(f.cfg.Memory),
+		CacheDir:    f.job.initrdCache,
+	}, nil
+}
+
+// deviceModaliases are the modaliases of the passed-through devices
+// (--gpu, --vf), sorted: the map's order must not change the initramfs's
+// cache key.
+func deviceModaliases(f *runFlags) ([]string, error) {
 	devs := map[string]bool{}
 	for _, s := range f.cfg.Passthrough.GPUs {
 		devs[s] = false
@@ -81,17 +99,49 @@ func jobInitrdConfig(im *rootfs.Image, f *runFlags) (initramfs.Config, error) {
 		}
 		a, err := kmodules.PCIModalias(f.cfg.SysfsRoot, sp.BDF.String())
 		if err != nil {
-			return initramfs.Config{}, err
+			return nil, err
 		}
 		aliases = append(aliases, a)
 	}
-	slices.Sort(aliases) // map order must not change the cache key
-	return initramfs.Config{
-		Image: im, Agent: self, Release: release, Modaliases: aliases,
-		Modules:     jobModules(f.job.withBinds, f.job.modules),
-		GuestMemory: int64(f.cfg.Memory),
-		CacheDir:    f.job.initrdCache,
-	}, nil
+	slices.Sort(aliases)
+	return aliases, nil
+}
+
+// The passed-through devices' own modules (gpudriver.ForModaliases) are
+// required, not optional: nvidia and nvidia_uvm for an NVIDIA GPU, the
+// RDMA stack for a ConnectX function. Without them the device is there
+// and useless (no /dev/nvidia*, CUDA finds no device; MPI falls back to
+// TCP), and the guest cannot say why better than the host can now, before
+// boot: a kernel without them is refused (deviceModuleError). They are
+// usually not in the distribution's tree but in
+// /lib/modules/RELEASE/updates/dkms (DKMS) or extra/ (NVIDIA's .run
+// installer); kmodules takes any relative modules.dep path, so they are
+// found where depmod recorded them. nvidia_modeset (display; not every
+// driver build has it) and nvidia_peermem (GPUDirect RDMA, an
+// optimisation) stay optional.
+
+// deviceModuleError is a passed-through device's module (an NVIDIA GPU's
+// nvidia, a ConnectX function's mlx5_ib...) that the guest kernel lacks:
+// the host's fault (exit 3) when the modules come from the host's tree,
+// IMAGE's (2) when from its own /lib/modules.
+type deviceModuleError struct{ err *kmodules.UnknownModuleError }
+
+func (e *deviceModuleError) Error() string {
+	fix := "install the driver's kernel modules for it (the NVIDIA driver's DKMS package, rdma-core's kernel modules) and run depmod " + e.err.Release
+	if strings.HasPrefix(e.err.Where, "image:") {
+		fix = "add the driver's modules to IMAGE's /lib/modules/" + e.err.Release + " (and run depmod), or remove that directory so the host's modules are used"
+	}
+	return fmt.Sprintf("--gpu/--vf: the passed-through device needs module %s, which kernel %s lacks (neither in %s/modules.dep nor built in): %s, or boot a kernel that has it (--kernel)",
+		e.err.Name, e.err.Release, e.err.Where, fix)
+}
+
+// exitCode is the exit status of the error: 2 for IMAGE's tree, 3 for
+// the host's.
+func (e *deviceModuleError) exitCode() int {
+	if strings.HasPrefix(e.err.Where, "image:") {
+		return exitInput
+	}
+	return exitHost
 }
 
 // bindModules are the kernel's 9P client over file descriptors, for a
@@ -143,13 +193,15 @@ func adaptModules(cfg initramfs.Config, user []string, log *slog.Logger, try fun
 		switch n := unknown.Name; {
 		case slices.Contains(user, n):
 			return cfg, &moduleError{unknown}
+		case slices.Contains(gpudriver.ForModaliases(cfg.Modaliases).Load, n):
+			return cfg, &deviceModuleError{unknown}
 		case slices.Contains(powerButtonModules, n):
 			log.Warn("job: no power-button modules for this kernel; the guest ignores the power button", "err", err)
 			cfg.Modules = slices.DeleteFunc(slices.Clone(cfg.Modules), func(m string) bool { return slices.Contains(powerButtonModules, m) })
 		case n == "9pnet_fd" && slices.Contains(cfg.Modules, n):
 			cfg.Modules = slices.DeleteFunc(slices.Clone(cfg.Modules), func(m string) bool { return m == n })
 		case slices.Contains(cfg.Modules, "9p"):
-			return cfg, fmt.Errorf("%w (binding host directories needs the kernel's 9P client: --no-home --no-cwd and no --bind to run without)", err)
+			return cfg, fmt.Errorf("%w (binding host directories and the host's GPU driver libraries needs the kernel's 9P client: --no-home --no-cwd, no --bind and --gpu-libs=off to run without)", err)
 		default:
 			return cfg, err
 		}
@@ -164,6 +216,19 @@ func checkModuleSource(res *initramfs.Result, user []string, release string) err
 		return nil
 	}
 	return fmt.Errorf("--module %s: kernel %s has no modules directory (neither IMAGE's /lib/modules/%s nor the host's): install the kernel's modules, or boot a kernel that has them (--kernel)", user[0], release, release)
+}
+
+// checkDeviceModuleSource refuses a job whose passed-through devices need
+// modules of their own (gpudriver.ForModaliases) when the guest kernel has
+// no modules directory at all: nothing could load them. The host's fault
+// (exit 3): a job boots the host's kernel by default.
+func checkDeviceModuleSource(res *initramfs.Result, cfg initramfs.Config) error {
+	need := gpudriver.ForModaliases(cfg.Modaliases).Load
+	if len(need) == 0 || res.ModuleSource != "" {
+		return nil
+	}
+	return hostError{fmt.Errorf("--gpu/--vf: the passed-through device needs module %s, but kernel %s has no modules directory (neither IMAGE's /lib/modules/%s nor the host's): install the kernel's modules and the driver's, or boot a kernel that has them (--kernel)",
+		need[0], cfg.Release, cfg.Release)}
 }
 
 // logInitrd logs the initramfs a job boots: a cache hit, or what was built.

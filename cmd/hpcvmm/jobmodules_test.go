@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hpcvmm/hpcvmm/gpudriver"
 	"github.com/hpcvmm/hpcvmm/initramfs"
 	"github.com/hpcvmm/hpcvmm/kmodules"
 	"github.com/hpcvmm/hpcvmm/rootfs"
@@ -106,4 +107,56 @@ func TestModuleFlagInputErrors(t *testing.T) {
 		assert.Equal(t, 2, code, "%v: %s", c.args, errOut)
 		assert.Contains(t, errOut, c.want, "%v", c.args)
 	}
+}
+
+// TestGPUModules: a job passing an NVIDIA GPU loads gpudriver's module set
+// from the host's tree (nvidia and nvidia_uvm from updates/dkms,
+// nvidia_modeset where present, never nouveau); a kernel without nvidia
+// is refused before boot as the host's fault (3), or IMAGE's (2) when the
+// modules come from IMAGE; a kernel without any module tree is the host's
+// fault too.
+func TestGPUModules(t *testing.T) {
+	const h100 = "pci:v000010DEd00002330sv000010DEsd000016C1bc03sc02i00"
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	gpuTree, err := filepath.Abs("../../gpudriver/testdata/host/usr/lib/modules")
+	require.NoError(t, err)
+	// The GPU tree has no virtio modules (its kernel would have them
+	// built in): only the device's modules are asked for.
+	gpuJob := func(tree, release string) initramfs.Config {
+		cfg := moduleJob(t, tree)
+		dev := gpudriver.ForModaliases([]string{h100})
+		cfg.Release, cfg.Modaliases = release, []string{h100}
+		cfg.Modules = dev.Load
+		cfg.Optional, cfg.Exclude = dev.Optional, dev.Exclude
+		return cfg
+	}
+	cfg := gpuJob(gpuTree, "6.18.44-fc-v657-gpu")
+	res, err := buildJobInitrd(cfg, nil, log)
+	require.NoError(t, err)
+	require.Equal(t, []string{"nvidia", "nvidia_uvm", "nvidia_modeset"}, res.Modules, "no nouveau")
+	require.NoError(t, checkDeviceModuleSource(res, cfg))
+
+	cfg = gpuJob(fixtureModuleTree(t), "6.1.0-test")
+	_, err = buildJobInitrd(cfg, nil, log)
+	var de *deviceModuleError
+	require.ErrorAs(t, err, &de)
+	msg := err.Error()
+	require.NotContains(t, msg, "\n")
+	assert.True(t, strings.HasPrefix(msg, "--gpu/--vf: the passed-through device needs module nvidia, which kernel 6.1.0-test lacks"), msg)
+	assert.Contains(t, msg, "DKMS")
+	assert.Equal(t, exitHost, de.exitCode())
+
+	img := &deviceModuleError{&kmodules.UnknownModuleError{Name: "nvidia", Release: "6.1.0-test", Where: "image:/lib/modules/6.1.0-test"}}
+	assert.Equal(t, exitInput, img.exitCode())
+	assert.Contains(t, img.Error(), "IMAGE's /lib/modules/6.1.0-test")
+
+	cfg = gpuJob(t.TempDir(), "6.1.0-test")
+	res, err = buildJobInitrd(cfg, nil, log)
+	require.NoError(t, err, "no module tree: the build itself succeeds")
+	err = checkDeviceModuleSource(res, cfg)
+	require.ErrorContains(t, err, "needs module nvidia, but kernel 6.1.0-test has no modules directory")
+	assert.Equal(t, exitHost, exitCode(err, 2))
+
+	cfg.Modaliases = nil
+	require.NoError(t, checkDeviceModuleSource(res, cfg), "no GPU, no need")
 }
