@@ -26,6 +26,11 @@ type PMEMConfig struct {
 	// Path is the image file; empty for none. It is opened once, read-only,
 	// with the rights of Config.ActingFor.
 	Path string
+	// File, when set, is Path already open (read-only) and checked by the
+	// caller (package imagefile): New takes a duplicate of it instead of
+	// opening Path again, so the bytes checked are the bytes mapped. The
+	// caller keeps and closes its own.
+	File *os.File
 	// Offset is where the file system starts in the file (a SIF's
 	// partition), a multiple of 4096; Size its length.
 	Offset, Size int64
@@ -85,6 +90,15 @@ type pmemImage struct {
 // acting user's rights) and checks it before anything on the host
 // changes: a regular file holding [Offset, Offset+Size).
 func openPMEM(open func(string) (*os.File, error), cfg PMEMConfig) (*pmemImage, error) {
+	if cfg.File != nil {
+		open = func(string) (*os.File, error) {
+			fd, err := unix.FcntlInt(cfg.File.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+			if err != nil {
+				return nil, fmt.Errorf("%s: duplicating its descriptor: %w", cfg.Path, err)
+			}
+			return os.NewFile(uintptr(fd), cfg.Path), nil
+		}
+	}
 	f, err := open(cfg.Path)
 	if err != nil {
 		return nil, fieldErr("PMEM", "%v", err)
@@ -102,6 +116,7 @@ func openPMEM(open func(string) (*os.File, error), cfg PMEMConfig) (*pmemImage, 
 		f.Close()
 		return nil, fieldErr("PMEM", "%s: bytes [%d, +%d) lie past its end (%d bytes): the file is truncated; copy it again", cfg.Path, cfg.Offset, cfg.Size, id.size)
 	}
+	cfg.File = nil // the duplicate is the image's from here on
 	return &pmemImage{cfg: cfg, file: f, id: id}, nil
 }
 

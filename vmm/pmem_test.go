@@ -120,6 +120,29 @@ func TestPMEMSlots(t *testing.T) {
 	assert.Error(t, err, "a shared writable mapping of an O_RDONLY file")
 }
 
+// TestOpenPMEMTakesTheCallersFile: with File set, the image is a
+// duplicate of the caller's descriptor (the file the caller checked), not
+// Path opened again: a file renamed over Path in between is not mapped.
+func TestOpenPMEMTakesTheCallersFile(t *testing.T) {
+	path, data := imageFile(t, 0, 8192)
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	other := filepath.Join(t.TempDir(), "other")
+	require.NoError(t, os.WriteFile(other, make([]byte, 8192), 0o644))
+	require.NoError(t, os.Rename(other, path))
+	opened := false
+	im, err := openPMEM(func(string) (*os.File, error) { opened = true; return nil, errors.New("not called") }, PMEMConfig{Path: path, File: f, Size: 8192})
+	require.NoError(t, err)
+	defer im.close()
+	assert.False(t, opened)
+	assert.Nil(t, im.cfg.File)
+	require.NoError(t, im.mapFile(2<<20))
+	assert.True(t, bytes.Equal(data, im.data[:8192]), "the caller's file, not what Path names now")
+	require.NoError(t, f.Close())
+	assert.Empty(t, im.changed(), "the duplicate outlives the caller's descriptor")
+}
+
 func TestPMEMExactSizeHasNoPadding(t *testing.T) {
 	path, _ := imageFile(t, 0, 2<<20)
 	im, err := openPMEM(os.Open, PMEMConfig{Path: path, Size: 2 << 20})
