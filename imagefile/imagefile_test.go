@@ -170,3 +170,15 @@ func TestDetectNotImage(t *testing.T) {
 		requireOneLine(t, err, "not a SquashFS, EROFS or SIF image")
 	}
 }
+
+// BenchmarkDetectSIF is the host's check of a SIF IMAGE before boot: the
+// header, the descriptors and the partition's SquashFS superblock.
+func BenchmarkDetectSIF(b *testing.B) {
+	img := makeSIF(b, squashfs(b), sifOpts{signed: true})
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Detect("/img", bytes.NewReader(img), int64(len(img))); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
