@@ -13,7 +13,8 @@
 //	0xfeb00000             ACPI GED event register
 //	0xfec00000, 0xfee00000 IOAPIC, LAPIC
 //	[4 GiB, ...)           the rest of RAM
-//	[1 GiB-aligned end of RAM, 2^physbits)  64-bit MMIO window
+//	[1 GiB-aligned end of RAM, +image)       read-only image as pmem (PMEM), when there is one
+//	[1 GiB-aligned end of the above, 2^physbits)  64-bit MMIO window
 //
 // It is pure arithmetic with no dependencies, so devices, preflight and the
 // VM can all import it.
@@ -88,11 +89,47 @@ func RAMEnd(size uint64) uint64 {
 }
 
 // Windows are the guest's BAR windows for one RAM size and physical address
-// width.
+// width, and where a read-only image sits between RAM and the 64-bit
+// window.
 type Windows struct {
 	Mem32 Range // 32-bit memory BARs
-	Mem64 Range // 64-bit memory BARs: above RAM, up to 2^physBits
+	Mem64 Range // 64-bit memory BARs: above RAM (and PMEM), up to 2^physBits
 	IO    Range // I/O BARs (ports)
+	// PMEM is the read-only image's range (NewWindowsPMEM), empty without
+	// one.
+	PMEM Range
+}
+
+// Alignment of the read-only image's range (PMEM).
+//
+// The guest's nd_e820 turns the e820 type-12 range into one pmem region,
+// and nd_pmem maps a region from e820 (ND_REGION_PAGEMAP) with
+// memremap_pages, which maps whole memory-hotplug subsections on x86: 2 MiB
+// (SUBSECTION_SIZE; memremap_compat_align() says so to libnvdimm, and the
+// 128 MiB section rule is gone since Linux 5.3's subsection hotplug). A
+// smaller size makes the guest's pmem probe fail. The size is therefore
+// rounded up to 2 MiB. The base is 1 GiB-aligned, where the 64-bit window
+// started before the image took its place, which is 2 MiB-aligned too and
+// lets the guest's direct map use 1 GiB pages over it.
+const (
+	PMEMBaseAlign = 1 << 30
+	PMEMSizeAlign = 2 << 20
+)
+
+// MaxPMEM bounds the image's size: with the largest RAM it must still
+// end below 2^52, and no sum of the layout can wrap.
+const MaxPMEM = 1 << 50
+
+// PMEM returns the range NewWindowsPMEM gives a read-only image of image
+// bytes in a guest with memory bytes of RAM (empty for no image), for
+// callers that need it before the windows: the BARs' reserved ranges.
+// Both sizes must be within MaxRAM and MaxPMEM.
+func PMEM(memory, image uint64) Range {
+	if image == 0 {
+		return Range{}
+	}
+	base := max(AlignUp(RAMEnd(memory), PMEMBaseAlign), HighRAMStart)
+	return Range{GPA: base, Size: AlignUp(image, PMEMSizeAlign)}
 }
 
 // NewWindows returns the BAR windows of a guest with memory bytes of RAM on
@@ -101,22 +138,45 @@ type Windows struct {
 // from the first 1 GiB-aligned address at or above both the end of RAM and
 // 4 GiB up to 2^physBits.
 func NewWindows(memory uint64, physBits uint) (Windows, error) {
+	return NewWindowsPMEM(memory, 0, physBits)
+}
+
+// NewWindowsPMEM is NewWindows for a guest with a read-only image of
+// image bytes mapped as persistent memory (0 for none): the image takes
+// [b, b + image rounded up to PMEMSizeAlign) where b is the 1 GiB-aligned
+// address at or above both the end of RAM and 4 GiB, and the 64-bit
+// window starts at the next 1 GiB boundary above it. The image goes below
+// the window rather than above it: the window runs to the top of the
+// physical address space, and a guest kernel with 4-level paging maps
+// physical memory only up to 2^46 (MAX_PHYSMEM_BITS), so pmem at the top of
+// a wider space would be unusable.
+func NewWindowsPMEM(memory, image uint64, physBits uint) (Windows, error) {
 	if physBits < 33 || physBits > 52 {
 		return Windows{}, fmt.Errorf("addrspace: physical address bits %d outside 33-52", physBits)
 	}
 	if memory > MaxRAM {
 		return Windows{}, fmt.Errorf("addrspace: %d bytes of RAM exceed the layout's maximum %d", memory, uint64(MaxRAM))
 	}
-	const gib = 1 << 30
+	if image > MaxPMEM {
+		return Windows{}, fmt.Errorf("addrspace: a %d-byte image exceeds the layout's maximum %d", image, uint64(MaxPMEM))
+	}
 	ramEnd := RAMEnd(memory)
-	base := max((ramEnd+gib-1)&^(gib-1), HighRAMStart)
+	base := max(AlignUp(ramEnd, PMEMBaseAlign), HighRAMStart)
+	pmem := PMEM(memory, image)
+	if image > 0 {
+		base = AlignUp(pmem.End(), PMEMBaseAlign)
+	}
 	limit := uint64(1) << physBits
 	if base >= limit {
+		if image > 0 {
+			return Windows{}, fmt.Errorf("addrspace: RAM and the %d-byte image end at %#x, at or beyond the %d-bit physical limit: reduce guest memory or the image", image, pmem.End(), physBits)
+		}
 		return Windows{}, fmt.Errorf("addrspace: RAM ends at %#x, at or beyond the %d-bit physical limit: reduce guest memory", ramEnd, physBits)
 	}
 	return Windows{
 		Mem32: Range{GPA: Window32Base, Size: Window32Size},
 		Mem64: Range{GPA: base, Size: limit - base},
 		IO:    Range{GPA: IOWindowBase, Size: IOWindowSize},
+		PMEM:  pmem,
 	}, nil
 }

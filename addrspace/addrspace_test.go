@@ -177,3 +177,63 @@ func TestAlignUpSaturates(t *testing.T) {
 	assert.Equal(t, uint64(0x1000), addrspace.AlignUp(0x1000, 0x1000))
 	assert.Equal(t, ^uint64(0)&^0xfff, addrspace.AlignUp(^uint64(0)-5, 0x1000), "no wrap to 0")
 }
+
+func TestWindowsPMEM(t *testing.T) {
+	// 1 GiB of RAM and a 100 MiB + 1 byte image: the image at 4 GiB,
+	// rounded up to 2 MiB; the 64-bit window at the next 1 GiB above it.
+	w, err := addrspace.NewWindowsPMEM(1*gib, 100*mib+1, 46)
+	require.NoError(t, err)
+	assert.Equal(t, addrspace.Range{GPA: 4 * gib, Size: 102 * mib}, w.PMEM)
+	assert.Equal(t, 5*gib, w.Mem64.GPA)
+	assert.Equal(t, uint64(1)<<46, w.Mem64.End())
+
+	// 20 GiB of RAM ends at 21 GiB; a 4 GiB image exactly fills
+	// [21 GiB, 25 GiB) and the window starts right after it.
+	w, err = addrspace.NewWindowsPMEM(20*gib, 4*gib, 46)
+	require.NoError(t, err)
+	assert.Equal(t, addrspace.Range{GPA: 21 * gib, Size: 4 * gib}, w.PMEM)
+	assert.Equal(t, 25*gib, w.Mem64.GPA)
+
+	// No image: NewWindows's layout, and an empty PMEM.
+	plain, err := addrspace.NewWindows(20*gib, 46)
+	require.NoError(t, err)
+	w, err = addrspace.NewWindowsPMEM(20*gib, 0, 46)
+	require.NoError(t, err)
+	assert.Equal(t, plain, w)
+	assert.Zero(t, w.PMEM.Size)
+
+	_, err = addrspace.NewWindowsPMEM(gib, 508*gib, 39) // [4 GiB, 512 GiB) leaves no window
+	assert.ErrorContains(t, err, "reduce guest memory or the image")
+	_, err = addrspace.NewWindowsPMEM(gib, addrspace.MaxPMEM+1, 52)
+	assert.ErrorContains(t, err, "exceeds")
+}
+
+// FuzzWindowsPMEM: the image's range is 2 MiB-aligned in base and size,
+// covers the image, lies above RAM and 4 GiB, and below the 64-bit
+// window, which starts 1 GiB-aligned.
+func FuzzWindowsPMEM(f *testing.F) {
+	f.Add(uint64(gib), uint64(100*mib+1), uint8(46))
+	f.Add(uint64(3*gib+1), uint64(1), uint8(39))
+	f.Fuzz(func(t *testing.T, mem, image uint64, physBits uint8) {
+		w, err := addrspace.NewWindowsPMEM(mem, image, uint(physBits%20)+33)
+		if err != nil {
+			return
+		}
+		p := w.PMEM
+		if got := addrspace.PMEM(mem, image); got != p {
+			t.Fatalf("PMEM %v, NewWindowsPMEM's %v", got, p)
+		}
+		if image == 0 {
+			if p.Size != 0 {
+				t.Fatalf("no image, PMEM %v", p)
+			}
+			return
+		}
+		if p.GPA%addrspace.PMEMSizeAlign != 0 || p.Size%addrspace.PMEMSizeAlign != 0 || p.Size < image || p.Size-image >= addrspace.PMEMSizeAlign {
+			t.Fatalf("PMEM %v for a %d-byte image", p, image)
+		}
+		if p.GPA < addrspace.RAMEnd(mem) || p.GPA < addrspace.HighRAMStart || p.End() > w.Mem64.GPA || w.Mem64.GPA%gib != 0 {
+			t.Fatalf("PMEM %v, RAM end %#x, window %v", p, addrspace.RAMEnd(mem), w.Mem64)
+		}
+	})
+}

@@ -4,7 +4,10 @@
 // rdinit=), so there is no second program to install or keep in step.
 //
 // Main, as PID 1, mounts /proc, /sys, /dev (devtmpfs), /dev/pts, /dev/shm
-// and /tmp, loads the modules /.hpcvmm/modules lists, finds the job's
+// and /tmp, loads the modules /.hpcvmm/modules lists, switches root to
+// IMAGE when the kernel command line names it as persistent memory
+// (hpcvmm.pmem=squashfs|erofs: /dev/pmem0 read-only under a tmpfs overlay,
+// pmemroot.go), finds the job's
 // virtio-console ports by name, and hands them to Agent.Serve, which speaks
 // jobproto with the host: Ready, then the host's Start; it sets the
 // hostname, mounts hugetlbfs, configures the network, creates the device

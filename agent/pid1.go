@@ -48,6 +48,15 @@ func pid1() error {
 	if err := loadModules(ModulesList); err != nil {
 		warnings = append(warnings, err.Error())
 	}
+	// IMAGE as persistent memory (hpcvmm.pmem= on the command line):
+	// after the modules (nd_e820, nd_pmem, squashfs or erofs, overlay),
+	// before the ports, so the job runs in IMAGE's tree.
+	if err := pmemRootFromCmdline(sysRootSwitch(), "/proc/cmdline"); err != nil {
+		for _, w := range warnings {
+			fmt.Fprintln(os.Stderr, "hpcvmm-agent:", w)
+		}
+		return fmt.Errorf("cannot switch to IMAGE: %w", err)
+	}
 	names := []string{jobproto.PortControl, jobproto.PortStdin, jobproto.PortStdout, jobproto.PortStderr}
 	ports, err := FindPorts("/sys", "/dev", names, portTimeout)
 	if err != nil {

@@ -47,16 +47,19 @@ func validateFirmwareTables(p Params) error {
 	return nil
 }
 
-// withReserved adds reserved ranges (outside RAM) to a memory map, keeping
-// it sorted by address.
-func withReserved(e820 []E820Entry, reserved []E820Entry) []E820Entry {
-	if len(reserved) == 0 {
+// withReserved adds reserved ranges and persistent-memory ranges (outside
+// RAM) to a memory map, keeping it sorted by address.
+func withReserved(e820 []E820Entry, reserved []E820Entry, pmem []RAMRange) []E820Entry {
+	if len(reserved) == 0 && len(pmem) == 0 {
 		return e820
 	}
 	out := slices.Clone(e820)
 	for _, r := range reserved {
 		r.Type = E820Reserved
 		out = append(out, r)
+	}
+	for _, p := range pmem {
+		out = append(out, E820Entry{Addr: p.GPA, Size: p.Size, Type: E820PRAM})
 	}
 	slices.SortStableFunc(out, func(a, b E820Entry) int {
 		switch {

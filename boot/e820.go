@@ -8,7 +8,17 @@ const (
 	E820RAM = 1
 	// E820Reserved is memory the OS must not use.
 	E820Reserved = 2
+	// E820PRAM is legacy persistent memory (E820_TYPE_PRAM): Linux's
+	// nd_e820 driver makes each such range a pmem region, which nd_pmem
+	// turns into /dev/pmemN. hpcvmm describes a read-only image this way
+	// (Params.PMEM).
+	E820PRAM = 12
 )
+
+// PMEMAlign is the alignment of a persistent-memory range's base and size:
+// the guest's nd_pmem maps the region with memremap_pages, which maps whole
+// 2 MiB subsections on x86 (addrspace.PMEMSizeAlign says more).
+const PMEMAlign = 2 << 20
 
 // E820Entry is one region of the BIOS-style memory map handed to the kernel
 // in the zero page.
@@ -56,6 +66,34 @@ func E820Map(ram []RAMRange) []E820Entry {
 		out = append(out, E820Entry{Addr: r.GPA, Size: r.Size, Type: E820RAM})
 	}
 	return out
+}
+
+// validatePMEM checks the persistent-memory ranges: each non-empty,
+// PMEMAlign-aligned in base and size, not wrapping, overlapping neither
+// RAM, the reserved ranges nor another.
+func validatePMEM(pmem []RAMRange, ram []RAMRange, reserved []E820Entry) error {
+	taken := make([]RAMRange, 0, len(ram)+len(reserved)+len(pmem))
+	taken = append(taken, ram...)
+	for _, r := range reserved {
+		taken = append(taken, RAMRange{GPA: r.Addr, Size: r.Size})
+	}
+	for i, p := range pmem {
+		switch {
+		case p.Size == 0:
+			return fmt.Errorf("boot: persistent memory range %d at %#x is empty", i, p.GPA)
+		case p.End() < p.GPA:
+			return fmt.Errorf("boot: persistent memory range %d [%#x +%#x) wraps around the address space", i, p.GPA, p.Size)
+		case p.GPA%PMEMAlign != 0 || p.Size%PMEMAlign != 0:
+			return fmt.Errorf("boot: persistent memory range %d [%#x +%#x) is not 2 MiB-aligned in base and size, which the guest's pmem driver needs", i, p.GPA, p.Size)
+		}
+		for _, t := range taken {
+			if p.GPA < t.End() && t.GPA < p.End() {
+				return fmt.Errorf("boot: persistent memory range %d [%#x, %#x) overlaps [%#x, %#x) of RAM or a reserved range", i, p.GPA, p.End(), t.GPA, t.End())
+			}
+		}
+		taken = append(taken, p)
+	}
+	return nil
 }
 
 // validateRAM checks the shape E820Map and Load rely on and returns the end

@@ -109,6 +109,11 @@ type Params struct {
 	// reports as reserved (the ECAM window: Linux uses MMCONFIG only where
 	// the firmware reserved it).
 	Reserved []E820Entry
+	// PMEM are guest-physical ranges outside RAM that the memory map
+	// reports as legacy persistent memory (E820PRAM): a read-only image
+	// the guest mounts from /dev/pmemN. Each is PMEMAlign-aligned in base
+	// and size. Load writes nothing there: the VMM maps the image.
+	PMEM []RAMRange
 }
 
 // Segment is a segment register's visible selector and hidden descriptor
@@ -197,7 +202,10 @@ func Load(mem Memory, p Params) (CPUState, error) {
 			return CPUState{}, err
 		}
 	}
-	e820 := withReserved(E820Map(p.RAM), p.Reserved)
+	if err := validatePMEM(p.PMEM, p.RAM, p.Reserved); err != nil {
+		return CPUState{}, err
+	}
+	e820 := withReserved(E820Map(p.RAM), p.Reserved, p.PMEM)
 	if len(e820) > e820MaxEntriesZeroPage {
 		return CPUState{}, fmt.Errorf("boot: load: memory map has %d entries, the zero page holds %d", len(e820), e820MaxEntriesZeroPage)
 	}
@@ -278,6 +286,9 @@ func Check(p Params, initrdSize uint64) error {
 	if err := validateFirmwareTables(p); err != nil {
 		return &CheckError{Input: InputFirmwareTables, Err: err}
 	}
+	if err := validatePMEM(p.PMEM, p.RAM, p.Reserved); err != nil {
+		return &CheckError{Input: InputPMEM, Err: err}
+	}
 	return nil
 }
 
@@ -298,6 +309,8 @@ const (
 	InputRAM
 	// InputFirmwareTables: Params.ACPI or the MP table do not fit.
 	InputFirmwareTables
+	// InputPMEM: a Params.PMEM range is misaligned or overlaps another.
+	InputPMEM
 )
 
 // String names the input as Params does.
@@ -313,6 +326,8 @@ func (i Input) String() string {
 		return "RAM"
 	case InputFirmwareTables:
 		return "firmware tables"
+	case InputPMEM:
+		return "persistent memory"
 	}
 	return fmt.Sprintf("boot.Input(%d)", int(i))
 }

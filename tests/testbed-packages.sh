@@ -41,6 +41,7 @@ packages=(
 	slurmctld slurmd slurm-client munge # the loopback Slurm cluster packed into L1 (profile slurm)
 	mpich libmpich-dev # MPI jobs in the guest (job scenarios)
 	dnsmasq-base       # DHCP/DNS for the guest network scenarios (the binary only: no service)
+	squashfs-tools erofs-utils # mksquashfs, mkfs.erofs: imagefile's tests build real SquashFS/EROFS images (issue 31)
 )
 
 # Units of the packages above that enable themselves at boot when installed;

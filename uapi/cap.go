@@ -22,6 +22,7 @@ const (
 	CapVCPUEvents         Cap = 41  // KVM_GET/SET_VCPU_EVENTS
 	CapMaxVCPUs           Cap = 66  // maximum vCPUs per VM
 	CapSignalMSI          Cap = 77  // KVM_SIGNAL_MSI
+	CapReadonlyMem        Cap = 81  // KVM_MEM_READONLY memory slots
 	CapDeviceCtrl         Cap = 89  // KVM_CREATE_DEVICE
 	CapSplitIRQChip       Cap = 121 // LAPIC in kernel, PIC/IOAPIC in userspace
 	CapMaxVCPUID          Cap = 128 // largest vCPU id (APIC ID) + 1
@@ -40,6 +41,7 @@ var capNames = map[Cap]string{
 	CapNrVCPUs:            "KVM_CAP_NR_VCPUS",
 	CapMPState:            "KVM_CAP_MP_STATE",
 	CapIRQRouting:         "KVM_CAP_IRQ_ROUTING",
+	CapReadonlyMem:        "KVM_CAP_READONLY_MEM",
 	CapIRQFD:              "KVM_CAP_IRQFD",
 	CapPIT2:               "KVM_CAP_PIT2",
 	CapIOEventFD:          "KVM_CAP_IOEVENTFD",

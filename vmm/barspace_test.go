@@ -33,18 +33,23 @@ func TestBARSpaceVerdictsAgree(t *testing.T) {
 		memory   uint64
 		bars     barLayout
 		fits     bool
+		image    uint64 // a read-only image between RAM and the 64-bit window
 	}{
-		{"32-bit 512M+256M", 46, 16 * gib, barLayout{false, []uint64{512 * mib, 256 * mib}}, false},
-		{"64-bit 256G+128G+64M, 39 bits", 39, 16 * gib, barLayout{true, []uint64{256 * gib, 128 * gib, 64 * mib}}, true},
-		{"64-bit 256G+256G, 39 bits", 39, 1 * gib, barLayout{true, []uint64{256 * gib, 256 * gib}}, false},
-		{"64-bit 128G with 380G RAM, 39 bits", 39, 380 * gib, barLayout{true, []uint64{128 * gib, 32 * mib}}, true},
-		{"64-bit 128G with 390G RAM, 39 bits", 39, 390 * gib, barLayout{true, []uint64{128 * gib, 32 * mib}}, false},
-		{"32-bit 256M+128M+64M", 46, 2 * gib, barLayout{false, []uint64{256 * mib, 128 * mib, 64 * mib}}, true},
+		{"32-bit 512M+256M", 46, 16 * gib, barLayout{false, []uint64{512 * mib, 256 * mib}}, false, 0},
+		{"64-bit 256G+128G+64M, 39 bits", 39, 16 * gib, barLayout{true, []uint64{256 * gib, 128 * gib, 64 * mib}}, true, 0},
+		{"64-bit 256G+256G, 39 bits", 39, 1 * gib, barLayout{true, []uint64{256 * gib, 256 * gib}}, false, 0},
+		{"64-bit 128G with 380G RAM, 39 bits", 39, 380 * gib, barLayout{true, []uint64{128 * gib, 32 * mib}}, true, 0},
+		{"64-bit 128G with 390G RAM, 39 bits", 39, 390 * gib, barLayout{true, []uint64{128 * gib, 32 * mib}}, false, 0},
+		{"32-bit 256M+128M+64M", 46, 2 * gib, barLayout{false, []uint64{256 * mib, 128 * mib, 64 * mib}}, true, 0},
+		// The image takes [17G, 147G): the 128G BAR finds no 128G-aligned
+		// place between it and the 256G BAR.
+		{"64-bit 256G+128G above a 130G image, 39 bits", 39, 16 * gib, barLayout{true, []uint64{256 * gib, 128 * gib}}, false, 130 * gib},
+		{"64-bit 256G+128G above a 100G image, 39 bits", 39, 16 * gib, barLayout{true, []uint64{256 * gib, 128 * gib}}, true, 100 * gib},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			check := preflightFits(t, c.physBits, c.memory, c.bars)
-			_, vmErr := assignBARs(rootWith(t, c.bars), c.memory, c.physBits)
+			check := preflightFits(t, c.physBits, c.memory, c.image, c.bars)
+			_, vmErr := assignBARs(rootWith(t, c.bars), c.memory, c.image, c.physBits)
 			assert.Equal(t, c.fits, check, "preflight verdict")
 			assert.Equal(t, c.fits, vmErr == nil, "VM verdict: %v", vmErr)
 		})
@@ -53,7 +58,7 @@ func TestBARSpaceVerdictsAgree(t *testing.T) {
 
 // preflightFits runs the preflight checks on a host with one device holding
 // the layout's BARs and reports whether its bar-space checks pass.
-func preflightFits(t *testing.T, physBits int, memory uint64, l barLayout) bool {
+func preflightFits(t *testing.T, physBits int, memory, image uint64, l barLayout) bool {
 	const bdf = "0000:17:00.0"
 	tr := hosttest.New(t)
 	tr.Node(0, "0-3", 1<<40)
@@ -70,7 +75,7 @@ func preflightFits(t *testing.T, physBits int, memory uint64, l barLayout) bool 
 	}
 	tr.AddDevice(hosttest.Device{BDF: bdf, Vendor: 0x10de, DeviceID: 0x2330, Class: 0x030200, Driver: "vfio-pci",
 		NUMANode: 0, IOMMUGroup: 1, Resource: hosttest.Resource(lines)})
-	rep := preflight.Run(tr.Host(), preflight.Request{GPUs: []string{bdf}, Memory: memory, PageSize: preflight.Page4K, CPUs: 1, NUMANode: -1})
+	rep := preflight.Run(tr.Host(), preflight.Request{GPUs: []string{bdf}, Memory: memory, PMEMSize: image, PageSize: preflight.Page4K, CPUs: 1, NUMANode: -1})
 	seen := false
 	for _, r := range rep.Results {
 		if r.Name == "bar-space" || r.Name == "bar-space-32bit" {
@@ -152,6 +157,6 @@ func TestBARSpaceVerdictsAgreeBehindPorts(t *testing.T) {
 		require.NotNil(t, parents[i], "device %d behind a root port", i)
 		require.NoError(t, root.AddDeviceBelow(parents[i], 0, "dev", cs))
 	}
-	_, vmErr := assignBARs(root, 2*gib, 46)
+	_, vmErr := assignBARs(root, 2*gib, 0, 46)
 	assert.Error(t, vmErr, "the VM refuses the layout behind ports")
 }

@@ -75,7 +75,7 @@ func (vm *VM) requestGuestXSAVE() {
 // each other overlap, so the time to the first KVM_RUN approaches the
 // longest branch rather than the sum of the steps:
 //
-//	open KVM → KVM VM → vCPUs → ┬ guest RAM (prefault) ─────────────────────────────┬→ RAM memslots → devices → (load kernel)
+//	open KVM → KVM VM → vCPUs → ┬ guest RAM (prefault) ─────────────────────────────┬→ RAM memslots → devices → image → (load kernel)
 //	                            └ bind devices → VFIO open and reset (per device) → DMA-map guest RAM ┘
 //
 // The KVM VM and its vCPUs come first, before the prefault rather than
@@ -128,6 +128,9 @@ func (vm *VM) build(tl *timeline, roots hostRoots, in *bootInput) error {
 		return err
 	}
 	if err := tl.run("devices", vm.addDevices); err != nil {
+		return err
+	}
+	if err := tl.run("image", vm.addPMEM); err != nil {
 		return err
 	}
 	return tl.run("load kernel", func() error {
@@ -250,6 +253,9 @@ func (vm *VM) loadKernel(kernel *boot.Kernel, initrd []byte, ram []boot.RAMRange
 		}
 		// Linux uses MMCONFIG only where the firmware reserved it.
 		params.Reserved = []boot.E820Entry{{Addr: addrspace.ECAMBase, Size: pci.ECAMSize}}
+	}
+	if r := vm.windows.PMEM; r.Size > 0 {
+		params.PMEM = []boot.RAMRange{{GPA: r.GPA, Size: r.Size}}
 	}
 	bsp, err := boot.Load(vm.mem, params)
 	if err != nil {

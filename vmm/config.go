@@ -56,6 +56,10 @@ type Config struct {
 	KernelCacheMax int64
 	// Initrd is the path of an initramfs; empty for none.
 	Initrd string
+	// PMEM is a read-only file system image the guest sees as persistent
+	// memory (/dev/pmem0), mapped above guest RAM and not counted in
+	// Memory; the zero value for none.
+	PMEM PMEMConfig
 	// ActingFor is the user hpcvmm acts for when it has more rights
 	// (asuser.Acting: root in a Slurm step for SLURM_JOB_UID, setuid);
 	// nil when it acts for itself. Kernel and Initrd are opened, and
@@ -215,6 +219,7 @@ func (c *Config) Validate() error {
 			errs = append(errs, fieldErr("Initrd", "%v", err))
 		}
 	}
+	errs = append(errs, c.PMEM.validate()...)
 	if len(c.APICIDs) > 0 && (len(c.APICIDs) != c.CPUs || c.NoACPI) {
 		errs = append(errs, fieldErr("APICIDs", "%d APIC IDs for %d vCPUs (with ACPI): give one per vCPU", len(c.APICIDs), c.CPUs))
 	}

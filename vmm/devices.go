@@ -38,7 +38,11 @@ type devices struct {
 	acpiPM                      *platform.ACPIPM
 	ged                         *platform.GED // ACPI power button
 	pt                          *passthrough  // nil without passthrough devices
-	slots                       *memslots     // KVM slots for BAR mappings
+	slots                       *memslots     // KVM slots for BAR mappings and the image
+	// pmem is the read-only image (Config.PMEM), open from checkInput
+	// on; VM.Close unmaps and closes it after the KVM VM, whose
+	// memslots point at its mappings.
+	pmem *pmemImage
 }
 
 // close stops the device threads and releases the devices' host resources,

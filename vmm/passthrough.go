@@ -513,10 +513,17 @@ func (vm *VM) restoreHost() error {
 	return vm.dev.pt.journal.Restore()
 }
 
+// slotVM is the part of a KVM VM memslots drive; *uapi.VM implements it,
+// and tests record the calls.
+type slotVM interface {
+	SetUserMemoryRegion(r uapi.UserspaceMemoryRegion) error
+}
+
 // memslots hands out KVM memory slots above the guest RAM slots, for BAR
-// mappings installed and removed as the guest moves BARs.
+// mappings installed and removed as the guest moves BARs, and for the
+// read-only image (pmem.go).
 type memslots struct {
-	vm *uapi.VM
+	vm slotVM
 	mu sync.Mutex
 	// +checklocks:mu
 	next uint32
@@ -526,6 +533,12 @@ type memslots struct {
 
 // AddMemslot maps host memory mem at guest-physical gpa.
 func (m *memslots) AddMemslot(gpa uint64, mem []byte) (uint32, error) {
+	return m.add(gpa, mem, 0)
+}
+
+// add maps host memory mem at guest-physical gpa with the slot flags
+// (uapi.MemReadonly).
+func (m *memslots) add(gpa uint64, mem []byte, flags uint32) (uint32, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var slot uint32
@@ -535,7 +548,7 @@ func (m *memslots) AddMemslot(gpa uint64, mem []byte) (uint32, error) {
 		slot = m.next
 		m.next++
 	}
-	if err := m.vm.SetUserMemoryRegion(uapi.UserspaceMemoryRegion{Slot: slot, GuestPhysAddr: gpa, Memory: mem}); err != nil {
+	if err := m.vm.SetUserMemoryRegion(uapi.UserspaceMemoryRegion{Slot: slot, Flags: flags, GuestPhysAddr: gpa, Memory: mem}); err != nil {
 		m.free = append(m.free, slot)
 		return 0, err
 	}

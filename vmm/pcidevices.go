@@ -28,10 +28,13 @@ func barSpaceError(err error, physBits int) error {
 // RAM (a BAR's memslot would shadow it, or KVM refuses the overlap), ECAM,
 // the IOAPIC, and the LAPIC page with the MSI window around it (a BAR there
 // would take the guest's interrupt writes).
-func reservedForBARs(memory uint64) []pci.Reserved {
+func reservedForBARs(memory, image uint64) []pci.Reserved {
 	var out []pci.Reserved
 	for _, r := range addrspace.RAM(memory) {
 		out = append(out, pci.Reserved{Name: "guest RAM", Base: r.GPA, Size: r.Size})
+	}
+	if r := addrspace.PMEM(memory, image); r.Size > 0 {
+		out = append(out, pci.Reserved{Name: "the read-only image (pmem)", Base: r.GPA, Size: r.Size})
 	}
 	return append(out,
 		pci.Reserved{Name: "ECAM", Base: addrspace.ECAMBase, Size: pci.ECAMSize},
@@ -50,7 +53,7 @@ func (vm *VM) addPCI(physBits int) error {
 	vm.dev.irq = newIRQRouter(vm.vm)
 	vm.dev.irq.extDestID = vm.needsX2APIC()
 	onError := func(err error) { vm.refusals.Refuse("pci", err) }
-	vm.dev.pci = pci.NewRoot(pci.RootConfig{MMIO: &vm.dev.mmio, PIO: &vm.dev.pio, OnError: onError, Reserved: reservedForBARs(vm.cfg.Memory)})
+	vm.dev.pci = pci.NewRoot(pci.RootConfig{MMIO: &vm.dev.mmio, PIO: &vm.dev.pio, OnError: onError, Reserved: reservedForBARs(vm.cfg.Memory, uint64(vm.cfg.PMEM.Size))})
 	if err := vm.dev.pio.Register(pci.ConfigIOPort, pci.ConfigIOSize, "pci conf1", vm.dev.pci.ConfigIO()); err != nil {
 		return err
 	}
@@ -91,7 +94,7 @@ func (vm *VM) addPCI(physBits int) error {
 	if err := vm.addPassthroughDevices(); err != nil {
 		return err
 	}
-	w, err := assignBARs(vm.dev.pci, vm.cfg.Memory, physBits)
+	w, err := assignBARs(vm.dev.pci, vm.cfg.Memory, uint64(vm.cfg.PMEM.Size), physBits)
 	if err != nil {
 		return err
 	}
@@ -106,8 +109,8 @@ func (vm *VM) addPCI(physBits int) error {
 // assignBARs places every BAR on root in the windows of a guest with memory
 // bytes of RAM and physBits physical address bits: the same addrspace
 // windows and Plan that preflight's bar-space checks use.
-func assignBARs(root *pci.Root, memory uint64, physBits int) (addrspace.Windows, error) {
-	w, err := addrspace.NewWindows(memory, uint(physBits))
+func assignBARs(root *pci.Root, memory, image uint64, physBits int) (addrspace.Windows, error) {
+	w, err := addrspace.NewWindowsPMEM(memory, image, uint(physBits))
 	if err != nil {
 		return w, err
 	}

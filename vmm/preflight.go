@@ -34,7 +34,7 @@ func (e *PreflightError) Error() string {
 // placement chose.
 func (vm *VM) preflightRequest() preflight.Request {
 	req := preflight.Request{
-		Memory: vm.cfg.Memory, PageSize: uint64(vm.cfg.pageSize()), CPUs: vm.cfg.CPUs,
+		Memory: vm.cfg.Memory, PMEMSize: uint64(vm.cfg.PMEM.Size), PageSize: uint64(vm.cfg.pageSize()), CPUs: vm.cfg.CPUs,
 		NUMANode: vm.place.node, AllowBind: vm.cfg.Passthrough.Bind,
 		FlatTopology: vm.cfg.Topology == TopologyFlat || vm.cfg.NoACPI, PortSlots: PassthroughSlots(),
 	}
@@ -114,7 +114,7 @@ func CheckHost(cfg Config) error {
 		return fieldErr("Passthrough", "%v", err)
 	}
 	req := preflight.Request{
-		Memory: cfg.Memory, PageSize: uint64(cfg.pageSize()), CPUs: cfg.CPUs, NUMANode: cfg.NUMANode,
+		Memory: cfg.Memory, PMEMSize: uint64(cfg.PMEM.Size), PageSize: uint64(cfg.pageSize()), CPUs: cfg.CPUs, NUMANode: cfg.NUMANode,
 		AllowBind: cfg.Passthrough.Bind, FlatTopology: cfg.Topology == TopologyFlat || cfg.NoACPI,
 		PortSlots: PassthroughSlots(),
 	}

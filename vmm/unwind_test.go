@@ -78,6 +78,13 @@ func TestNewUnwindsEveryPartialSetup(t *testing.T) {
 	cfg.Stdout = io.Discard
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg.SysfsRoot, cfg.ProcfsRoot = tr.Sys(), tr.Proc()
+	// A read-only image (pmem): its file, mappings and memslots are
+	// given back too.
+	image := filepath.Join(t.TempDir(), "image")
+	if err := os.WriteFile(image, make([]byte, 3<<20+100), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg.PMEM = PMEMConfig{Path: image, Size: 3<<20 + 100}
 
 	withTAP := os.Geteuid() == 0
 	if _, err := os.Stat("/dev/net/tun"); err != nil {
@@ -106,6 +113,7 @@ func TestNewUnwindsEveryPartialSetup(t *testing.T) {
 		assert.NoError(t, vm.Close())
 		faultHook = nil
 		assert.Contains(t, steps, "create vCPU 1")
+		assert.Contains(t, steps, "image memslots")
 		if withTAP {
 			assert.Contains(t, steps, "virtio-net "+unwindTAP+"0")
 		}

@@ -94,6 +94,10 @@ func (v *vcpu) loop() error {
 				}
 				continue
 			}
+			// EFAULT: KVM found no host page behind a memslot,
+			// as when the read-only image's file was truncated
+			// under the running VM (pmem.go). The guest cannot
+			// go on; Run says why (VM.guestMemoryFault).
 			return fmt.Errorf("vCPU %d: %w", v.index, err)
 		}
 		reason := v.run.ExitReason()

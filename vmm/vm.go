@@ -202,15 +202,24 @@ func (vm *VM) checkInput(tl *timeline) (*bootInput, error) {
 		}
 		in.initrd = initrd
 	}
+	if cfg.PMEM.Path != "" {
+		if vm.dev.pmem, err = openPMEM(cfg.openFile, cfg.PMEM); err != nil {
+			return in, err
+		}
+	}
 	tl.mark("read kernel and initrd", readStart)
 	for _, r := range addrspace.RAM(cfg.Memory) {
 		in.ram = append(in.ram, boot.RAMRange{GPA: r.GPA, Size: r.Size})
+	}
+	var pmem []boot.RAMRange
+	if r := addrspace.PMEM(cfg.Memory, uint64(cfg.PMEM.Size)); r.Size > 0 {
+		pmem = []boot.RAMRange{{GPA: r.GPA, Size: r.Size}}
 	}
 	var acpiCheck *boot.ACPI
 	if !cfg.NoACPI {
 		acpiCheck = &boot.ACPI{RSDPAddr: boot.ACPIAreaStart} // the tables themselves come once the devices exist
 	}
-	if err := boot.Check(boot.Params{Kernel: ki.check, Cmdline: cfg.Cmdline, RAM: in.ram, CPUs: cfg.CPUs, MP: vm.mpOptions(), ACPI: acpiCheck}, uint64(len(in.initrd))); err != nil {
+	if err := boot.Check(boot.Params{Kernel: ki.check, Cmdline: cfg.Cmdline, RAM: in.ram, CPUs: cfg.CPUs, MP: vm.mpOptions(), ACPI: acpiCheck, PMEM: pmem}, uint64(len(in.initrd))); err != nil {
 		return in, bootCheckError(err)
 	}
 	return in, nil
@@ -228,6 +237,8 @@ func bootCheckError(err error) error {
 			field = "Initrd"
 		case boot.InputCmdline:
 			field = "Cmdline"
+		case boot.InputPMEM:
+			field = "PMEM"
 		}
 	}
 	return fieldErr(field, "%v", err)
@@ -430,6 +441,8 @@ func (vm *VM) Run(ctx context.Context) error {
 		return nil
 	case errors.Is(vm.reason, errStopped):
 		return context.Cause(ctx)
+	case isGuestMemoryFault(vm.reason):
+		return vm.guestMemoryFault(vm.reason)
 	}
 	return vm.reason
 }
@@ -524,6 +537,9 @@ func (vm *VM) Close() error {
 		}
 		if vm.vm != nil {
 			errs = append(errs, vm.vm.Close())
+		}
+		if vm.dev.pmem != nil {
+			errs = append(errs, vm.dev.pmem.close())
 		}
 		if vm.mem != nil {
 			errs = append(errs, vm.mem.Close())

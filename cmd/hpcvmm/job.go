@@ -66,7 +66,7 @@ const agentPath = initramfs.AgentPath
 func addJobFlags(c *command, rf *runFlags) {
 	f := &rf.job
 	g := c.group("Job")
-	g.StringVar(&f.rootfs, "rootfs", "", "`IMAGE`: the job's files: a directory, a tar archive (plain, gzip, zstd), an OCI image layout or a docker/podman save archive; hpcvmm builds (and caches) the initramfs with its agent and the guest's modules. Not with --initrd")
+	g.StringVar(&f.rootfs, "rootfs", "", "`IMAGE`: the job's files: a SquashFS, EROFS or Apptainer/Singularity SIF file (mapped read-only into the guest as persistent memory, never copied), or a directory, a tar archive (plain, gzip, zstd), an OCI image layout or a docker/podman save archive (hpcvmm builds and caches the initramfs of its tree); the initramfs holds hpcvmm's agent and the guest's modules. Not with --initrd")
 	g.StringArrayVar(&f.env, "env", nil, "`KEY=VALUE`: COMMAND's environment (repeatable; KEY alone takes hpcvmm's value). PATH defaults to "+agent.DefaultPath)
 	g.StringArrayVar(&f.envFiles, "env-file", nil, "`FILE`: KEY=VALUE lines for COMMAND's environment (# comments and blank lines skipped), before --env (repeatable)")
 	g.StringVar(&f.workdir, "workdir", "", "`DIR`: COMMAND's working directory in the guest (default: the host's working directory when it is bound, else /)")
@@ -240,11 +240,11 @@ func runJob(c *command, f *runFlags, jf *jobFlags, argv []string, stdin io.Reade
 	}
 	defer jf.driver.Close()
 	if jf.rootfs != "" {
-		initrd, code := prepareRootfs(jf.rootfs, f, &spec, checkBindsInImage(opened), log, stderr)
+		code := prepareImage(jf.rootfs, f, &spec, checkBindsInImage(opened), log, stderr)
+		defer closePMEMFile(f.cfg.PMEM.File) // vmm.New takes its own descriptor
 		if code >= 0 {
 			return code
 		}
-		f.cfg.Initrd = initrd
 	}
 
 	in, isTerm := stdin.(*os.File)
@@ -578,7 +578,7 @@ func prepareRootfs(image string, f *runFlags, spec *job.Spec, check func(*rootfs
 // names --rootfs IMAGE once (issue 35: "--rootfs: rootfs: image").
 func imageError(image string, err error) string {
 	msg := err.Error()
-	for _, p := range []string{"rootfs: image " + image + ": ", "rootfs: image " + image + " ", "initramfs: image " + image + ": ", "initramfs: image " + image + " "} {
+	for _, p := range []string{"IMAGE " + image + ": ", "rootfs: image " + image + ": ", "rootfs: image " + image + " ", "initramfs: image " + image + ": ", "initramfs: image " + image + " "} {
 		if rest, ok := strings.CutPrefix(msg, p); ok {
 			return rest
 		}

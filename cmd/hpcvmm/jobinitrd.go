@@ -200,7 +200,7 @@ func adaptModules(cfg initramfs.Config, user []string, log *slog.Logger, try fun
 			cfg.Modules = slices.DeleteFunc(slices.Clone(cfg.Modules), func(m string) bool { return slices.Contains(powerButtonModules, m) })
 		case n == "9pnet_fd" && slices.Contains(cfg.Modules, n):
 			cfg.Modules = slices.DeleteFunc(slices.Clone(cfg.Modules), func(m string) bool { return m == n })
-		case slices.Contains(cfg.Modules, "9p"):
+		case n == "9p" && slices.Contains(cfg.Modules, n):
 			return cfg, fmt.Errorf("%w (binding host directories and the host's GPU driver libraries needs the kernel's 9P client: --no-home --no-cwd, no --bind and --gpu-libs=off to run without)", err)
 		default:
 			return cfg, err

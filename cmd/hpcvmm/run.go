@@ -183,7 +183,7 @@ var flagNames = map[string]string{
 	"Console": "--console", "PrefaultWorkers": "--prefault-workers",
 	"Passthrough": "--gpu/--vf", "Seccomp": "--seccomp", "Nets": "--net", "NoACPI": "--acpi", "Topology": "--topology",
 	"NCCLTopoFile": "--nccl-topo", "APICIDs": "--apic-ids", "SysfsRoot": "--sysfs", "ProcfsRoot": "--procfs",
-	"CPUMode": "--cpu-mode", "RunDir": "--run-dir",
+	"CPUMode": "--cpu-mode", "RunDir": "--run-dir", "PMEM": "--rootfs",
 }
 
 func describeError(err error) string {

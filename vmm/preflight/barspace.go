@@ -42,7 +42,7 @@ func (c *checker) barSpaceBehindPorts() {
 	if err != nil {
 		return // barSpaceFlat warned
 	}
-	w, err := addrspace.NewWindows(c.req.Memory, uint(physBits))
+	w, err := addrspace.NewWindowsPMEM(c.req.Memory, c.req.PMEMSize, uint(physBits))
 	if err != nil {
 		return // barSpaceFlat failed
 	}
@@ -138,7 +138,7 @@ func (c *checker) barSpaceFlat() {
 		c.add("bar-space", "vm", Pass, "", "no 64-bit BARs")
 		return
 	}
-	w, err := addrspace.NewWindows(c.req.Memory, uint(physBits))
+	w, err := addrspace.NewWindowsPMEM(c.req.Memory, c.req.PMEMSize, uint(physBits))
 	if err != nil {
 		c.add("bar-space", "vm", Fail, "use less --memory", "%v", err)
 		return
@@ -157,7 +157,7 @@ func (c *checker) barSpaceFlat() {
 	}
 	end := w.Mem64.GPA + pe.Need
 	fix := "pass fewer devices: these BARs do not fit below 2^" + fmt.Sprint(physBits) + " even with no RAM above 4 GiB"
-	if maxMem, ok := maxMemoryFitting(b64, uint(physBits)); ok {
+	if maxMem, ok := maxMemoryFitting(b64, c.req.PMEMSize, uint(physBits)); ok {
 		fix = fmt.Sprintf("use --memory %s or less, or pass fewer devices (the CPU's %d-bit physical address width is fixed)", guestmem.FormatSize(maxMem), physBits)
 	}
 	c.add("bar-space", "vm", Fail, fix, "%d 64-bit BARs (%s) from %#x end at %#x: the guest needs %d physical address bits, the host has %d",
@@ -182,10 +182,10 @@ func barsEnd(bars []addrspace.BAR, addrs []uint64) uint64 {
 }
 
 // maxMemoryFitting returns the largest whole-GiB guest memory for which the
-// 64-bit BARs still fit the 64-bit window.
-func maxMemoryFitting(bars []addrspace.BAR, physBits uint) (uint64, bool) {
+// 64-bit BARs still fit the 64-bit window, above an image of image bytes.
+func maxMemoryFitting(bars []addrspace.BAR, image uint64, physBits uint) (uint64, bool) {
 	fits := func(gib uint64) bool {
-		w, err := addrspace.NewWindows(gib<<30, physBits)
+		w, err := addrspace.NewWindowsPMEM(gib<<30, image, physBits)
 		if err != nil {
 			return false
 		}

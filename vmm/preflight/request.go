@@ -21,6 +21,10 @@ type Request struct {
 	VFs []string `json:"vfs"`
 	// Memory is guest RAM in bytes; 0 skips the memory checks.
 	Memory uint64 `json:"memory"`
+	// PMEMSize is the read-only image mapped between RAM and the 64-bit
+	// BAR window (vmm.Config.PMEM), in bytes; 0 for none. It moves the
+	// window up (addrspace.NewWindowsPMEM).
+	PMEMSize uint64 `json:"pmem_size,omitempty"`
 	// PageSize backs guest RAM: Page1G, Page2M or Page4K (no hugepages).
 	// Zero means Page1G, hpcvmm's default.
 	PageSize uint64 `json:"page_size"`
