@@ -27,7 +27,8 @@ import (
 // to a triple fault (hpcvmm: its KVM_EXIT_SHUTDOWN report; QEMU with
 // -no-reboot: exited without the marker and without a kernel panic or
 // reboot message), or hung (no end within four minutes). Run it by name,
-// once per L1 CPU model to compare (HPCVMM_L1_CPU, default max), e.g.
+// once per L1 CPU model or accelerator to compare (HPCVMM_L1_CPU, default
+// max; HPCVMM_L1_ACCEL, default tcg), e.g.
 //
 //	HPCVMM_L1_CPU=max,la57=off HPCVMM_TRIALS=20 HPCVMM_L1_TIMEOUT=40m HPCVMM_TEST_WHERE=l1 \
 //	  go test -tags integration -timeout 45m -run '^TestL2TripleFaultRate$' ./tests/
@@ -85,6 +86,7 @@ func TestL2TripleFaultRate(t *testing.T) {
 			t.Logf("after trial %d: hpcvmm %v qemu %v (%s)", i, counts["hpcvmm"], counts["qemu"], time.Now().Format(time.TimeOnly))
 		}
 		env.Record(t, "l1_cpu", harness.L1CPUModel())
+		env.Record(t, "l1_accel", harness.L1Accel())
 		for _, v := range []string{"hpcvmm", "qemu"} {
 			c := counts[v]
 			env.Record(t, v, fmt.Sprintf("done=%d triple_fault=%d hung=%d other=%d of %d", c["done"], c["triple-fault"], c["hung"], c["other"], 2*trials))

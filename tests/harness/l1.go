@@ -312,7 +312,7 @@ func runConfig(run, skip string, timeout time.Duration) string {
 // ForwardedEnv are the scenario knobs set outside L1 that the scenarios
 // inside it see too (a soak's length: the short run in CI, the long one
 // as a command).
-var ForwardedEnv = []string{"HPCVMM_SOAK_PT_CYCLES", "HPCVMM_SIGNAL_BOOTS", "HPCVMM_TRIALS", "HPCVMM_L1_CPU"}
+var ForwardedEnv = []string{"HPCVMM_SOAK_PT_CYCLES", "HPCVMM_SIGNAL_BOOTS", "HPCVMM_TRIALS", "HPCVMM_L1_CPU", "HPCVMM_L1_ACCEL"}
 
 func flagValue(name string) string {
 	if f := flag.Lookup(name); f != nil {

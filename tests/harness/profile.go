@@ -159,7 +159,7 @@ func (p Profile) QEMUArgs(b L1Boot, runConfigB64 string) ([]string, error) {
 		smp += "," + p.SMPTopology
 	}
 	args := []string{
-		"-accel", "tcg",
+		"-accel", L1Accel(),
 		"-machine", p.Machine,
 		"-cpu", L1CPUModel(), // max: exposes svm+npt, so kvm_amd loads inside L1
 		"-m", p.Memory,
@@ -210,4 +210,14 @@ func L1CPUModel() string {
 		return m
 	}
 	return "max"
+}
+
+// L1Accel is QEMU's -accel for L1: HPCVMM_L1_ACCEL when set (an
+// experiment's variant, e.g. "tcg,thread=single": one host thread for all
+// of L1's vCPUs instead of QEMU's multi-threaded TCG), else "tcg".
+func L1Accel() string {
+	if a := os.Getenv("HPCVMM_L1_ACCEL"); a != "" {
+		return a
+	}
+	return "tcg"
 }
