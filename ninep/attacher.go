@@ -229,6 +229,12 @@ func (f *file) walkOne(name string) (*file, p9.QID, error) {
 // WalkGetAttr implements p9.File: a walk and the attributes of where it
 // ends, in one round trip.
 func (f *file) WalkGetAttr(names []string) ([]p9.QID, p9.File, p9.AttrMask, p9.Attr, error) {
+	return walkGetAttr(f, names)
+}
+
+// walkGetAttr is WalkGetAttr for any p9.File: Walk, then GetAttr of the
+// file it ends at (closed again when that fails).
+func walkGetAttr(f p9.File, names []string) ([]p9.QID, p9.File, p9.AttrMask, p9.Attr, error) {
 	qids, nf, err := f.Walk(names)
 	if err != nil {
 		return nil, nil, p9.AttrMask{}, p9.Attr{}, err

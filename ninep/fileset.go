@@ -282,16 +282,7 @@ func cmpString(a, b string) int {
 
 // WalkGetAttr implements p9.File.
 func (e *setEntry) WalkGetAttr(names []string) ([]p9.QID, p9.File, p9.AttrMask, p9.Attr, error) {
-	qids, nf, err := e.Walk(names)
-	if err != nil {
-		return nil, nil, p9.AttrMask{}, p9.Attr{}, err
-	}
-	_, mask, attr, err := nf.GetAttr(p9.AttrMaskAll)
-	if err != nil {
-		nf.Close()
-		return nil, nil, p9.AttrMask{}, p9.Attr{}, err
-	}
-	return qids, nf, mask, attr, nil
+	return walkGetAttr(e, names)
 }
 
 // GetAttr implements p9.File: a directory of mode 0555 or a link of 0777,
