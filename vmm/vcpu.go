@@ -104,7 +104,6 @@ func (v *vcpu) loop() error {
 		if uint32(reason) < exitCounterSlots {
 			v.exits[reason]++
 		}
-		v.noteExit(reason)
 		if stop := v.handleExit(reason); stop != nil {
 			return stop
 		}
@@ -119,9 +118,13 @@ func (v *vcpu) loop() error {
 // the VM.
 func (v *vcpu) handleExit(reason uapi.ExitReason) error {
 	vm := v.vm
+	if reason != uapi.ExitIO && reason != uapi.ExitMMIO {
+		v.recent.note(reason, 0, false, 0) // those two note their address below
+	}
 	switch reason {
 	case uapi.ExitIO:
 		port, isOut, size, count, data := v.run.IO()
+		v.recent.note(reason, uint64(port), isOut, size)
 		if size <= 0 || len(data) < size*int(count) {
 			return fmt.Errorf("vCPU %d: malformed KVM_EXIT_IO (port %#x size %d count %d)", v.index, port, size, count)
 		}
@@ -137,6 +140,7 @@ func (v *vcpu) handleExit(reason uapi.ExitReason) error {
 		}
 	case uapi.ExitMMIO:
 		addr, isWrite, data := v.run.MMIO()
+		v.recent.note(reason, addr, isWrite, len(data))
 		if isWrite {
 			if !vm.dev.mmio.Write(addr, data) {
 				vm.dev.unhandledMMIO.Access(addr, data, true)
@@ -174,20 +178,6 @@ func (v *vcpu) handleExit(reason uapi.ExitReason) error {
 		return fmt.Errorf("vCPU %d: unexpected KVM exit %v%s", v.index, reason, v.ripSuffix())
 	}
 	return nil
-}
-
-// noteExit records the exit in v.recent, with the port or MMIO address.
-func (v *vcpu) noteExit(reason uapi.ExitReason) {
-	switch reason {
-	case uapi.ExitIO:
-		port, isOut, size, _, _ := v.run.IO()
-		v.recent.note(reason, uint64(port), isOut, size)
-	case uapi.ExitMMIO:
-		addr, isWrite, data := v.run.MMIO()
-		v.recent.note(reason, addr, isWrite, len(data))
-	default:
-		v.recent.note(reason, 0, false, 0)
-	}
 }
 
 // traceHint says how to see what userspace cannot: the exception that
