@@ -44,6 +44,18 @@ packages=(
 	squashfs-tools erofs-utils # mksquashfs, mkfs.erofs: imagefile's tests build real SquashFS/EROFS images (issue 31)
 )
 
+# Packages that are programs and shared libraries only (no maintainer script
+# that matters, no service), each with a command that proves it is there.
+# When dpkg itself cannot install (CI's image and this project's
+# workstations have an /var/lib/dpkg/statoverride entry for a group that no
+# longer exists, and dpkg aborts on it before unpacking anything), these are
+# unpacked into /usr/local with dpkg-deb -x instead: dpkg's database and
+# statoverride are left as they are, and the programs still work.
+declare -A unpackable=(
+	[squashfs-tools]=mksquashfs
+	[erofs-utils]=mkfs.erofs
+)
+
 # Units of the packages above that enable themselves at boot when installed;
 # named in the note about ones found enabled that this run did not install.
 boot_units=(slurmd slurmctld munge)
@@ -58,8 +70,43 @@ boot_links() {
 	find /etc/rc[S0-6].d -maxdepth 1 -type l -name 'S*' 2>/dev/null
 }
 
+# unpack_into_usr_local downloads the packages named and the shared
+# libraries they need that this machine lacks, and copies their programs to
+# /usr/local/bin and their libraries to /usr/local/lib (then ldconfig).
+unpack_into_usr_local() {
+	local work deb p lib
+	work=$(mktemp -d)
+	# The packages' own dependencies, less those installed already.
+	local want=("$@")
+	for p in "$@"; do
+		while read -r dep; do
+			dpkg-query -W -f='${Status}' "$dep" 2>/dev/null | grep -q '^install ok installed$' || want+=("$dep")
+		done < <(apt-cache depends --no-recommends --no-suggests --no-conflicts --no-breaks --no-replaces --no-enhances "$p" |
+			sed -n 's/^ *Depends: \([^<> ]*\)$/\1/p')
+	done
+	(cd "$work" && apt-get download "${want[@]}" >/dev/null)
+	for deb in "$work"/*.deb; do
+		dpkg-deb -x "$deb" "$work/root"
+	done
+	for p in "$work"/root/usr/bin/* "$work"/root/usr/sbin/* "$work"/root/sbin/*; do
+		[[ -f $p ]] && "${sudo[@]}" install -m 0755 "$p" /usr/local/bin/
+	done
+	for lib in "$work"/root/usr/lib/x86_64-linux-gnu/*.so* "$work"/root/lib/x86_64-linux-gnu/*.so*; do
+		[[ -e $lib ]] && "${sudo[@]}" cp -a "$lib" /usr/local/lib/
+	done
+	"${sudo[@]}" ldconfig
+	rm -rf "$work"
+	for p in "$@"; do
+		command -v "${unpackable[$p]}" >/dev/null || { say "$p: ${unpackable[$p]} still missing after unpacking it" >&2; exit 1; }
+		say "unpacked $p into /usr/local (${unpackable[$p]}: $(command -v "${unpackable[$p]}"))"
+	done
+}
+
 missing=()
 for p in "${packages[@]}"; do
+	if [[ -n ${unpackable[$p]:-} ]] && command -v "${unpackable[$p]}" >/dev/null; then
+		continue
+	fi
 	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
 		missing+=("$p")
 	fi
@@ -95,7 +142,18 @@ if ((${#missing[@]} > 0)); then
 	boot_links | sort >"$before"
 	export DEBIAN_FRONTEND=noninteractive
 	"${sudo[@]}" apt-get update
-	"${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
+	if ! "${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}"; then
+		unpack=() rest=()
+		for p in "${missing[@]}"; do
+			if [[ -n ${unpackable[$p]:-} ]]; then unpack+=("$p"); else rest+=("$p"); fi
+		done
+		if ((${#rest[@]} > 0)); then
+			say "apt-get install failed (see above) for packages that must be installed by dpkg: ${rest[*]}" >&2
+			exit 1
+		fi
+		say "apt-get install failed (see above); unpacking ${unpack[*]} into /usr/local instead (dpkg's database is left as it is)"
+		unpack_into_usr_local "${unpack[@]}"
+	fi
 	boot_links | sort >"$after"
 
 	# Every boot link the install created is undone, once per service.
