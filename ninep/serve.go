@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/hugelgupf/p9/p9"
 )
@@ -97,7 +98,40 @@ func Serve(e Export, requests io.ReadCloser, replies io.WriteCloser, o Options) 
 	}
 	srv := p9.NewServer(a, opts...)
 	lim := &limitReader{r: requests, max: msize, refused: a.refuse}
-	return srv.Handle(lim, replies)
+	return handleRecovering(srv.Handle, lim, replies, o.Logf)
+}
+
+// handleRecovering runs the p9 library's Handle, and survives the one
+// panic its connection shutdown can raise. p9 v0.3.0 starts a further
+// receive goroutine whenever a message arrives and none is idle; that
+// goroutine's first act is pendingWg.Add(1) (server.go:508). When the
+// connection ends, Handle's goroutine waits on the same WaitGroup
+// (connState.stop, server.go:592); if a goroutine started just before the
+// end runs its Add after an in-flight handler's Done woke that Wait but
+// before Wait looked again, Wait panics "sync: WaitGroup is reused before
+// previous Wait has returned" — in this goroutine, killing the file server
+// (the test bed's fuzzing saw it once in a few hundred sessions: a worker
+// exiting with status 2). The late goroutine itself only finds the
+// connection shut down and returns, so nothing is lost but stop's own
+// cleanup, done here: both ends closed (the attacher, with every open
+// file's descriptor, is closed by Serve). Any other panic is re-raised.
+func handleRecovering(handle func(io.ReadCloser, io.WriteCloser) error, requests io.ReadCloser, replies io.WriteCloser, logf func(string, ...any)) (err error) {
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		if msg, ok := r.(string); !ok || !strings.HasPrefix(msg, "sync: WaitGroup is reused") {
+			panic(r)
+		}
+		requests.Close()
+		replies.Close()
+		if logf != nil {
+			logf("ninep: p9's connection shutdown raced a late receive goroutine (%s); both ends closed", r)
+		}
+		err = nil
+	}()
+	return handle(requests, replies)
 }
 
 // logger adapts Options.Logf to the p9 library's logger.

@@ -3,6 +3,8 @@ package ninep
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -286,4 +288,38 @@ func TestFlushCyclesEnd(t *testing.T) {
 			t.Fatalf("%s: the connection hangs", name)
 		}
 	}
+}
+
+// closeRecorder records whether Close was called.
+type closeRecorder struct {
+	io.Reader
+	io.Writer
+	closed bool
+}
+
+func (c *closeRecorder) Close() error { c.closed = true; return nil }
+
+// TestHandleRecoveringShutdownRace: the p9 library's shutdown race (its
+// WaitGroup's Wait panicking "reused before previous Wait has returned"
+// when a late receive goroutine adds itself) ends the connection, both
+// ends closed and the race logged, instead of killing the file server;
+// any other panic still propagates.
+func TestHandleRecoveringShutdownRace(t *testing.T) {
+	req, rep := &closeRecorder{}, &closeRecorder{}
+	var logged []string
+	logf := func(format string, args ...any) { logged = append(logged, fmt.Sprintf(format, args...)) }
+	err := handleRecovering(func(io.ReadCloser, io.WriteCloser) error {
+		panic("sync: WaitGroup is reused before previous Wait has returned")
+	}, req, rep, logf)
+	require.NoError(t, err)
+	assert.True(t, req.closed, "the request end is closed")
+	assert.True(t, rep.closed, "the reply end is closed")
+	require.Len(t, logged, 1)
+	assert.Contains(t, logged[0], "late receive goroutine")
+
+	assert.PanicsWithValue(t, "unused tag cleared", func() {
+		_ = handleRecovering(func(io.ReadCloser, io.WriteCloser) error { panic("unused tag cleared") }, req, rep, logf)
+	}, "another panic of the library is not swallowed")
+	wantErr := errors.New("x")
+	assert.Equal(t, wantErr, handleRecovering(func(io.ReadCloser, io.WriteCloser) error { return wantErr }, req, rep, nil))
 }
