@@ -13,7 +13,15 @@ import (
 // defaults, and the power button's): the jobs profile puts them, with
 // the kernel's module indexes, in L1's /lib/modules, where hpcvmm run
 // --rootfs looks for the host's modules.
-var jobGuestModules = []string{"virtio_pci", "virtio_console", "virtio_net", "button", "evdev", "9pnet_fd", "9p"}
+// The pmem ones are what a SquashFS, EROFS or SIF IMAGE mapped as
+// persistent memory adds (issue 31): nd_e820 and nd_pmem for /dev/pmem0,
+// the image's file system, and overlay for the writable layer.
+var jobGuestModules = []string{"virtio_pci", "virtio_console", "virtio_net", "button", "evdev", "9pnet_fd", "9p",
+	"nd_e820", "nd_pmem", "squashfs", "erofs", "overlay"}
+
+// jobsImageTools make the SquashFS and EROFS images of the pmem scenario
+// in L1, as a site makes them (tests/testbed-packages.sh installs them).
+var jobsImageTools = []string{"mksquashfs", "mkfs.erofs"}
 
 // jobModuleIndexes are the text indexes package kmodules reads.
 var jobModuleIndexes = []string{"modules.dep", "modules.alias", "modules.builtin", "modules.builtin.modinfo", "modules.order"}
@@ -36,12 +44,45 @@ var ProfileJobs = func() Profile {
 		if _, err := os.Stat(jobsDnsmasq); err != nil {
 			return fmt.Errorf("%s: %w (run tests/testbed-packages.sh: installs dnsmasq)", jobsDnsmasq, err)
 		}
-		return addDynamicProgram(im, jobsDnsmasq)
+		if err := addDynamicProgram(im, jobsDnsmasq); err != nil {
+			return err
+		}
+		for _, tool := range jobsImageTools {
+			p, err := exec.LookPath(tool)
+			if err != nil {
+				return fmt.Errorf("%s: %w (run tests/testbed-packages.sh: installs squashfs-tools and erofs-utils)", tool, err)
+			}
+			if err := addLocalProgram(im, p); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	// The --net ...,bridge= scenarios' bridge in L1.
 	p.Modules = []string{"bridge"}
 	return p
 }()
+
+// addLocalProgram adds the dynamic program prog to im as /usr/bin/NAME,
+// with its libraries; those found under /usr/local (where
+// tests/testbed-packages.sh unpacks squashfs-tools and erofs-utils when
+// dpkg cannot install them) go to /usr/lib/x86_64-linux-gnu, which L1's
+// loader searches without an ld.so.cache, as /usr/local/lib it does not.
+func addLocalProgram(im *Image, prog string) error {
+	im.AddFile("/usr/bin/"+filepath.Base(prog), prog, 0o755)
+	out, err := exec.Command("ldd", prog).Output()
+	if err != nil {
+		return fmt.Errorf("ldd %s: %w", prog, err)
+	}
+	for _, lib := range parseLdd(string(out)) {
+		dst := lib
+		if strings.HasPrefix(lib, "/usr/local/") {
+			dst = "/usr/lib/x86_64-linux-gnu/" + filepath.Base(lib)
+		}
+		im.AddFile(dst, lib, 0o755)
+	}
+	return nil
+}
 
 func addJobFiles(im *Image) error {
 	if err := AddJobModules(im); err != nil {
