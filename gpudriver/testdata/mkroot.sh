@@ -12,7 +12,15 @@
 # tests, not captured: the binaries in usr/bin (the fixture did not capture
 # where nvidia-smi lives), the i386 copy of libcuda, and the capability files
 # under proc/driver/nvidia/capabilities (minors and modes as dev-nodes.txt
-# shows them: nvidia-cap1 0400, nvidia-cap2 0444). Left out on purpose:
+# shows them: nvidia-cap1 0400, nvidia-cap2 0444), the kernel's release in
+# proc/sys/kernel/osrelease (version.txt's uname -r), and the GSP firmware
+# the open module names (the capture found none under /lib/firmware/nvidia;
+# tiny stand-ins under usr/lib/firmware/nvidia/580.159.04). The guest kernel's
+# nvidia.ko is a real ELF object (compiled with gcc -c, so this script needs
+# gcc) whose .modinfo holds what the open module's holds of what hpcvmm reads:
+# its version and the GSP firmware names of its nv.c (MODULE_FIRMWARE of
+# nvidia/VERSION/gsp_ga10x.bin and gsp_tu10x.bin); the other modules are
+# text stand-ins with the ELF magic. Left out on purpose:
 # ocl-icd's libOpenCL.so development link, so the cache has a stale entry.
 set -eu
 cd "$(dirname "$0")"
@@ -96,3 +104,14 @@ alias auxiliary:mlx5_core.rdma mlx5_ib
 alias rdma-link-rxe rdma_rxe
 ALIAS
 : > $M/modules.builtin
+mkdir -p host/proc/sys/kernel
+sed -n 1p version.txt > host/proc/sys/kernel/osrelease
+printf '%s\n' \
+	'#define M(n, s) __attribute__((section(".modinfo"), used, aligned(1))) static const char n[] = s;' \
+	"M(v, \"version=$V\") M(l, \"license=Dual MIT/GPL\")" \
+	"M(f1, \"firmware=nvidia/$V/gsp_ga10x.bin\") M(f2, \"firmware=nvidia/$V/gsp_tu10x.bin\")" \
+	'M(a1, "alias=pci:v000010DEd*sv*sd*bc03sc00i00*") M(a2, "alias=pci:v000010DEd*sv*sd*bc03sc02i00*")' \
+	'M(d, "depends=") M(n, "name=nvidia")' |
+	gcc -c -x c -o $M/updates/dkms/nvidia.ko -
+mkdir -p host/usr/lib/firmware/nvidia/$V
+for f in gsp_ga10x gsp_tu10x; do printf 'fake GSP firmware %s\n' $f > host/usr/lib/firmware/nvidia/$V/$f.bin; done
