@@ -47,12 +47,15 @@ func TestModulesForAGPU(t *testing.T) {
 	// fixture host has; without it, the required file's absence is refused.
 	refs := set.Firmware()
 	require.Equal(t, []kmodules.FirmwareRef{
-		{Module: "nvidia", Name: "nvidia/580.159.04/gsp_ga10x.bin", Version: "580.159.04"},
 		{Module: "nvidia", Name: "nvidia/580.159.04/gsp_tu10x.bin", Version: "580.159.04"},
+		{Module: "nvidia", Name: "nvidia/580.159.04/gsp_ga10x.bin", Version: "580.159.04"},
 	}, refs)
+	// Where the H200 host keeps it: the directory its kernel's
+	// firmware_class.path names.
 	files, err := kmodules.FindFirmware(kmodules.FirmwareDirs("testdata/host", testRelease), refs, m.RequireFirmware)
 	require.NoError(t, err)
 	require.Len(t, files.Found, 2)
+	require.Equal(t, filepath.Join("testdata/host/usr/local/nvidia/firmware"), files.Found[0].Dir)
 	_, err = kmodules.FindFirmware(kmodules.FirmwareDirs(t.TempDir(), testRelease), refs, m.RequireFirmware)
 	var missing *kmodules.MissingFirmwareError
 	require.ErrorAs(t, err, &missing)

@@ -263,7 +263,7 @@ func TestCheckGPUDriver(t *testing.T) {
 	args := []string{"--sysfs", checkFixture, "--procfs", "/nonexistent", "--gpu", "0000:00:06.0", "--memory", "4G"}
 	_, out, _ := runCLI(check, args...)
 	assert.Regexp(t, `PASS\s+gpu-driver\s+0000:00:06.0\s+NVIDIA driver 580.159.04: 26 libraries, 5 programs for jobs' guests\n`, out)
-	assert.Regexp(t, `PASS\s+gpu-firmware\s+0000:00:06.0\s+kernel 6.18.44-fc-v657-gpu's nvidia module \(580.159.04\): GSP firmware /lib/firmware/nvidia/580.159.04/gsp_ga10x.bin`, out)
+	assert.Regexp(t, `PASS\s+gpu-firmware\s+0000:00:06.0\s+kernel 6.18.44-fc-v657-gpu's nvidia module \(580.159.04\): GSP firmware /usr/local/nvidia/firmware/nvidia/580.159.04/gsp_tu10x.bin`, out)
 	_, out, _ = runCLI(check, append(args, "--json")...)
 	var rep struct{ Results []preflight.Result }
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
@@ -281,12 +281,12 @@ func TestCheckGPUDriver(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(lib, "libcuda.so.575.57.08"), []byte("older"), 0o644))
 	require.NoError(t, os.Remove(filepath.Join(lib, "libcuda.so.1")))
 	require.NoError(t, os.Symlink("libcuda.so.575.57.08", filepath.Join(lib, "libcuda.so.1")))
-	require.NoError(t, os.RemoveAll(filepath.Join(root, "usr/lib/firmware")))
+	require.NoError(t, os.RemoveAll(filepath.Join(root, "usr/local/nvidia/firmware")))
 	_, out, _ = runCLI(check, args...)
 	assert.Regexp(t, `WARN\s+gpu-driver\s+0000:00:06.0\s+the NVIDIA kernel module is version 580.159.04, its libraries version 575.57.08 \(/usr/local/nvidia/lib64/libcuda.so.1 is libcuda.so.575.57.08\)`, out)
 	assert.Contains(t, out, "every job (hpcvmm run --rootfs) with this GPU exits 3 before boot unless run with --gpu-libs=off")
 	assert.Contains(t, out, "fix: install the NVIDIA driver's user space of version 580.159.04, or load the 575.57.08 module (reboot after the driver's update); or run jobs with --gpu-libs=off")
-	assert.Regexp(t, `WARN\s+gpu-firmware\s+0000:00:06.0\s+kernel 6.18.44-fc-v657-gpu's nvidia module \(580.159.04\) names GSP firmware nvidia/580.159.04/gsp_ga10x.bin`, out)
+	assert.Regexp(t, `WARN\s+gpu-firmware\s+0000:00:06.0\s+kernel 6.18.44-fc-v657-gpu's nvidia module \(580.159.04\) names GSP firmware nvidia/580.159.04/gsp_tu10x.bin`, out)
 	assert.Contains(t, out, "fix: install the driver's firmware package (e.g. nvidia-firmware-580.159.04)")
 	_, out, _ = runCLI(check, append(args, "--json")...)
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))

@@ -76,7 +76,8 @@ func TestGPUDriverPass(t *testing.T) {
 	assert.Empty(t, x.Fix)
 	x = find(t, r, "gpu-firmware", gpu)
 	assert.Equal(t, preflight.Pass, x.Status)
-	assert.Equal(t, "kernel 6.18.44-fc-v657-gpu's nvidia module (580.159.04): GSP firmware /lib/firmware/nvidia/580.159.04/gsp_ga10x.bin, /lib/firmware/nvidia/580.159.04/gsp_tu10x.bin, for jobs' guests", x.Detail)
+	assert.Equal(t, "kernel 6.18.44-fc-v657-gpu's nvidia module (580.159.04): GSP firmware /usr/local/nvidia/firmware/nvidia/580.159.04/gsp_tu10x.bin, /usr/local/nvidia/firmware/nvidia/580.159.04/gsp_ga10x.bin, for jobs' guests", x.Detail,
+		"where the H200 host keeps it: the directory its kernel's firmware_class.path names")
 	assert.False(t, has(preflight.Run(h, goodRequest()), "gpu-driver"), "only when asked")
 	for _, res := range r.Results {
 		if res.Name == "gpu-driver" || res.Name == "gpu-firmware" {
@@ -177,30 +178,27 @@ func copyWithModules(t *testing.T, root string) string {
 // the package that brings them.
 func TestGPUFirmwareMissing(t *testing.T) {
 	root := copyTree(t, driverHost)
-	require.NoError(t, os.RemoveAll(filepath.Join(root, "usr/lib/firmware")))
+	require.NoError(t, os.RemoveAll(filepath.Join(root, "usr/local/nvidia/firmware")))
 	_, h := goodHost(t)
 	r := preflight.Run(h, driverRequest(t, root))
 	require.True(t, r.OK())
 	assert.Equal(t, preflight.Pass, find(t, r, "gpu-driver", gpu).Status)
 	x := find(t, r, "gpu-firmware", gpu)
 	assert.Equal(t, preflight.Warn, x.Status)
-	assert.Contains(t, x.Detail, "kernel 6.18.44-fc-v657-gpu's nvidia module (580.159.04) names GSP firmware nvidia/580.159.04/gsp_ga10x.bin, nvidia/580.159.04/gsp_tu10x.bin, which none of ")
-	assert.Contains(t, x.Detail, "/lib/firmware/updates/6.18.44-fc-v657-gpu, ")
+	assert.Contains(t, x.Detail, "kernel 6.18.44-fc-v657-gpu's nvidia module (580.159.04) names GSP firmware nvidia/580.159.04/gsp_tu10x.bin, nvidia/580.159.04/gsp_ga10x.bin, which none of ")
+	assert.Contains(t, x.Detail, "none of /usr/local/nvidia/firmware, /lib/firmware/updates/6.18.44-fc-v657-gpu, /lib/firmware/updates, /lib/firmware/6.18.44-fc-v657-gpu, /lib/firmware holds")
 	assert.Contains(t, x.Detail, "the guest's driver cannot bring the GPU up without it")
 	assert.Equal(t, "install the driver's firmware package (e.g. nvidia-firmware-580.159.04), which puts it under /lib/firmware/nvidia/580.159.04", x.Fix)
 
-	// The host kernel's firmware_class.path (a node image's driver
-	// directory) is searched first, as its loader does.
-	fw := filepath.Join(root, "opt/nvidia/firmware/nvidia/580.159.04")
+	// In /lib/firmware, where a distribution's firmware package puts it.
+	fw := filepath.Join(root, "usr/lib/firmware/nvidia/580.159.04")
 	require.NoError(t, os.MkdirAll(fw, 0o755))
 	for _, f := range []string{"gsp_ga10x.bin", "gsp_tu10x.bin"} {
 		require.NoError(t, os.WriteFile(filepath.Join(fw, f), []byte("gsp"), 0o644))
 	}
-	require.NoError(t, os.MkdirAll(filepath.Join(root, "sys/module/firmware_class/parameters"), 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(root, "sys/module/firmware_class/parameters/path"), []byte("/opt/nvidia/firmware\n"), 0o644))
 	x = find(t, preflight.Run(h, driverRequest(t, root)), "gpu-firmware", gpu)
 	assert.Equal(t, preflight.Pass, x.Status)
-	assert.Contains(t, x.Detail, "GSP firmware /opt/nvidia/firmware/nvidia/580.159.04/gsp_ga10x.bin")
+	assert.Contains(t, x.Detail, "GSP firmware /lib/firmware/nvidia/580.159.04/gsp_tu10x.bin, /lib/firmware/nvidia/580.159.04/gsp_ga10x.bin")
 }
 
 // BenchmarkGPUDriverChecks: what the driver checks add to a report on the
