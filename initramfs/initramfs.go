@@ -159,8 +159,9 @@ func CheckAgent(p string) error {
 
 // Build returns the initramfs for cfg: from the cache when it holds a
 // valid entry for cfg's key, else built, stored and returned. Nothing
-// outside the cache directory is written; a build that fails leaves
-// nothing behind in it.
+// outside the cache directory is written; a build that fails leaves no
+// entry behind in it (the record of the firmware its modules name may
+// stay: it holds for the key whatever failed).
 func Build(cfg Config) (*Result, error) {
 	e, err := lookup(cfg, true)
 	if err != nil {
