@@ -136,6 +136,7 @@ func TestFindRefusesMismatch(t *testing.T) {
 	root, cache = fakeHost(t, "", fixtureModule)
 	_, err = Find(Options{Root: root, Cache: cache})
 	require.ErrorContains(t, err, "the NVIDIA kernel module is not loaded")
+	require.ErrorIs(t, err, ErrNotLoaded)
 
 	root, _ = fakeHost(t, fixtureModule, fixtureModule)
 	_, err = Find(Options{Root: root, Cache: []CacheEntry{}})

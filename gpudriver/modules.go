@@ -15,7 +15,18 @@ type Modules struct {
 	Optional []string
 	// Exclude are never loaded, whatever device's modalias they match.
 	Exclude []string
+	// RequireFirmware are patterns (fnmatch, kmodules.Match) of firmware
+	// names the guest must get when a loaded module names them
+	// (kmodules.Config's and initramfs.Config's RequireFirmware).
+	RequireFirmware []string
 }
+
+// GSPFirmware matches the GSP firmware the NVIDIA kernel module names
+// (its nv.c's MODULE_FIRMWARE, nvidia/VERSION/gsp_ga10x.bin and
+// gsp_tu10x.bin): the open module runs the GPU through its GSP, which it
+// boots from that file when it first brings the GPU up; without it the
+// driver cannot use a Turing or later GPU (Hopper: gsp_ga10x.bin).
+const GSPFirmware = "nvidia/*/gsp_*.bin"
 
 // The modules of an NVIDIA GPU: the driver and the unified memory module
 // CUDA needs, which no modalias names (nvidia-modprobe loads it on a
@@ -48,7 +59,7 @@ const (
 
 // ForModaliases returns the modules for the passed-through devices whose
 // modaliases (kmodules.PCIModalias) are given: an NVIDIA display or 3D
-// controller brings the GPU's modules, a Mellanox/NVIDIA ConnectX network
+// controller brings the GPU's modules (and requires its GSP firmware), a Mellanox/NVIDIA ConnectX network
 // function (physical or virtual; vendor 15b3, as the NVIDIA-branded
 // ConnectX parts still are) the RDMA stack's, and both together
 // nvidia_peermem. Other devices bring nothing: their drivers load by
@@ -65,6 +76,7 @@ func ForModaliases(aliases []string) Modules {
 		m.Load = append(m.Load, gpuLoad...)
 		m.Optional = append(m.Optional, gpuOptional...)
 		m.Exclude = append(m.Exclude, gpuExclude...)
+		m.RequireFirmware = append(m.RequireFirmware, GSPFirmware)
 		if rdma {
 			m.Optional = append(m.Optional, gpuPeerMem)
 		}

@@ -36,11 +36,30 @@ func resolve(t *testing.T, m gpudriver.Modules, aliases ...string) *kmodules.Set
 
 func TestModulesForAGPU(t *testing.T) {
 	m := gpudriver.ForModaliases([]string{h100Alias, nvmeAlias})
-	require.Equal(t, gpudriver.Modules{Load: []string{"nvidia", "nvidia_uvm"}, Optional: []string{"nvidia_modeset"}, Exclude: []string{"nouveau"}}, m)
+	require.Equal(t, gpudriver.Modules{Load: []string{"nvidia", "nvidia_uvm"}, Optional: []string{"nvidia_modeset"}, Exclude: []string{"nouveau"},
+		RequireFirmware: []string{gpudriver.GSPFirmware}}, m)
 	set := resolve(t, m, h100Alias)
 	require.Equal(t, []string{"nvidia", "nvidia_uvm", "nvidia_modeset"}, set.Names())
 	require.Empty(t, set.Absent)
 	require.Empty(t, set.Unmatched)
+
+	// The module names its GSP firmware, which GSPFirmware matches and the
+	// fixture host has; without it, the required file's absence is refused.
+	refs := set.Firmware()
+	require.Equal(t, []kmodules.FirmwareRef{
+		{Module: "nvidia", Name: "nvidia/580.159.04/gsp_tu10x.bin", Version: "580.159.04"},
+		{Module: "nvidia", Name: "nvidia/580.159.04/gsp_ga10x.bin", Version: "580.159.04"},
+	}, refs)
+	// Where the H200 host keeps it: the directory its kernel's
+	// firmware_class.path names.
+	files, err := kmodules.FindFirmware(kmodules.FirmwareDirs("testdata/host", testRelease), refs, m.RequireFirmware)
+	require.NoError(t, err)
+	require.Len(t, files.Found, 2)
+	require.Equal(t, filepath.Join("testdata/host/usr/local/nvidia/firmware"), files.Found[0].Dir)
+	_, err = kmodules.FindFirmware(kmodules.FirmwareDirs(t.TempDir(), testRelease), refs, m.RequireFirmware)
+	var missing *kmodules.MissingFirmwareError
+	require.ErrorAs(t, err, &missing)
+	require.ErrorContains(t, err, "nvidia-firmware-580.159.04")
 
 	// What the modalias alone brings: nouveau beside nvidia, no nvidia_uvm.
 	plain := resolve(t, gpudriver.Modules{Load: []string{}}, h100Alias)

@@ -76,5 +76,9 @@ func ModuleVersion(root string) (string, error) {
 	if firstErr != nil {
 		return "", firstErr
 	}
-	return "", errors.New("gpudriver: the NVIDIA kernel module is not loaded (no /proc/driver/nvidia/version nor /sys/module/nvidia/version): load it (modprobe nvidia) or run without the GPU's driver libraries")
+	return "", fmt.Errorf("gpudriver: %w (no /proc/driver/nvidia/version nor /sys/module/nvidia/version): load it (modprobe nvidia) or run without the GPU's driver libraries", ErrNotLoaded)
 }
+
+// ErrNotLoaded is ModuleVersion's (and Find's) error when the host has no
+// NVIDIA kernel module loaded, so no version to match libraries against.
+var ErrNotLoaded = errors.New("the NVIDIA kernel module is not loaded")

@@ -451,6 +451,12 @@ func (c *Cache) FileSHA256(path string) (sum [sha256.Size]byte, hashed bool, err
 		return sum, false, err
 	}
 	defer f.Close()
+	return c.openSHA256(f, path)
+}
+
+// openSHA256 is FileSHA256 of the open file f, named path in the record
+// (a firmware file opened beneath its directory: firmware.go).
+func (c *Cache) openSHA256(f *os.File, path string) (sum [sha256.Size]byte, hashed bool, err error) {
 	fi, err := f.Stat()
 	if err != nil {
 		return sum, false, err
@@ -516,7 +522,7 @@ func (c *Cache) evict(keep string) error {
 				_ = os.Remove(p)
 			}
 		case strings.HasPrefix(name, hashPrefix) && strings.HasSuffix(name, hashExt),
-			strings.HasPrefix(name, treePrefix) && strings.HasSuffix(name, treeExt):
+			strings.HasPrefix(name, treePrefix) && strings.HasSuffix(name, treeExt), strings.HasPrefix(name, refsPrefix) && strings.HasSuffix(name, refsExt):
 			if time.Since(fi.ModTime()) > 30*24*time.Hour {
 				_ = os.Remove(p)
 			}
@@ -549,7 +555,8 @@ func normalizedSet(names []string) []string {
 	return out
 }
 
-// cacheKey hashes what the archive is built from; see the package doc.
+// cacheKey hashes what the archive is built from (see the package doc)
+// but the firmware files, which the key of firmware.go's fwPlan adds.
 func cacheKey(cfg Config, cache *Cache) (key, agentSum string, err error) {
 	imKey, err := cfg.Image.KeyUsing(cache)
 	if err != nil {
@@ -572,8 +579,8 @@ func cacheKey(cfg Config, cache *Cache) (key, agentSum string, err error) {
 	}
 	hostDir, _ = filepath.Abs(hostDir)
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\nimage %s\nagent %x\nrelease %q\nmodules %q\noptional %q\nexclude %q\nmodaliases %q\nhost %q %s\n",
+	fmt.Fprintf(h, "%s\nimage %s\nagent %x\nrelease %q\nmodules %q\noptional %q\nexclude %q\nmodaliases %q\nhost %q %s\nfirmware %q require %q\n",
 		formatVersion, imKey, sum, cfg.Release, norm, normalizedSet(cfg.Optional), normalizedSet(cfg.Exclude), aliases,
-		hostDir, kmodules.HostState(hostDir, cfg.Release))
+		hostDir, kmodules.HostState(hostDir, cfg.Release), cfg.firmwareDirs(), cfg.RequireFirmware)
 	return hex.EncodeToString(h.Sum(nil)), hex.EncodeToString(sum[:]), nil
 }

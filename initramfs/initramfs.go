@@ -10,6 +10,8 @@
 //     is not hpcvmm's; the kernel starts it with rdinit=;
 //   - the kernel modules the guest needs (package kmodules) under
 //     /lib/modules/RELEASE/..., and ModulesList naming them in load order;
+//   - the firmware those modules name that the host has (an NVIDIA GPU's
+//     GSP firmware), under /lib/firmware (firmware.go);
 //   - the directories the agent mounts on (/proc, /sys, /dev, /tmp, /run)
 //     and /dev/console, where IMAGE lacks them.
 //
@@ -21,7 +23,8 @@
 //
 // Built archives are cached (cache.go): the key is a hash of IMAGE's key,
 // the agent's SHA-256, the kernel release, the modules (to load, optional
-// and excluded) and modaliases asked for, the host modules directory's state and the archive format's
+// and excluded) and modaliases asked for, the host modules directory's state, the
+// firmware's directories, files (by SHA-256) and missing names, and the archive format's
 // version, so a warm launch of an unchanged IMAGE builds nothing; for a tar
 // or container IMAGE and the agent it hashes nothing either (identity
 // records), for a directory IMAGE it reads the tree once (rootfs.Image.Key).
@@ -36,6 +39,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path"
 	"strings"
@@ -59,7 +63,7 @@ const (
 	ModulesList = "/.hpcvmm/modules"
 	// formatVersion changes whenever Build would write other bytes for the
 	// same inputs, so older cache entries are never served.
-	formatVersion = "hpcvmm-initramfs-format v2"
+	formatVersion = "hpcvmm-initramfs-format v3"
 )
 
 // Config is what Build builds from.
@@ -82,6 +86,16 @@ type Config struct {
 	// GPU's nvidia_modeset and nouveau: gpudriver.ForModaliases). Both
 	// are part of the cache key: another module set is another archive.
 	Optional, Exclude []string
+	// HostFirmware are the host's firmware directories, searched in order
+	// for the firmware the modules name (nil: kmodules.FirmwareDirs of
+	// the host for Release). RequireFirmware are patterns
+	// (kmodules.Match) of firmware names that must be found when a module
+	// names them, else the build is refused with a
+	// *kmodules.MissingFirmwareError (gpudriver.Modules.RequireFirmware:
+	// an NVIDIA GPU's GSP firmware); any other file missing is logged to
+	// Log (nil: slog.Default()) and left out. Both are part of the key.
+	HostFirmware, RequireFirmware []string
+	Log                           *slog.Logger
 	// CacheDir is the cache directory ("": the user's own,
 	// cachedir.Default), CacheMax its
 	// bound in bytes (0: DefaultCacheMax).
@@ -114,80 +128,14 @@ type Result struct {
 	Modules      []string
 	ModuleSource string
 	Unmatched    []string
+	// Firmware are the firmware files the archive carries, as paths below
+	// the guest's /lib/firmware; MissingFirmware those the modules name
+	// that the host does not have.
+	Firmware        []string
+	MissingFirmware []kmodules.MissingFirmware
 	// Replaced says why a cache entry for the key was unusable and rebuilt
 	// ("" when there was none or it was used), for the log.
 	Replaced string
-}
-
-// Headroom is the guest memory Fits keeps for the kernel and the agent
-// besides the initramfs.
-const Headroom = 128 << 20
-
-// Fits checks that an initramfs of archive bytes, unpacking to unpacked
-// bytes of tmpfs, fits a guest of guestMemory bytes. While the kernel
-// unpacks it, the archive (loaded by hpcvmm into guest RAM) and its
-// unpacked copy both live in guest RAM; the kernel frees the archive only
-// afterwards. And the initramfs's root is a tmpfs whose default size limit
-// is half of the RAM the kernel counts. So both must hold:
-//
-//	archive + unpacked + Headroom <= guestMemory
-//	unpacked <= (guestMemory - Headroom) / 2
-//
-// Headroom covers the kernel's own use (its image, page tables, memmap).
-// COMMAND's own memory comes on top; this only refuses what cannot boot.
-func Fits(archive, unpacked, guestMemory int64) error {
-	need := max(archive+unpacked+Headroom, 2*unpacked+Headroom)
-	if need <= guestMemory {
-		return nil
-	}
-	return fmt.Errorf("needs at least %d MiB of guest memory (a %d MiB archive and its %d MiB unpacked copy both live in guest RAM while the kernel unpacks it, the unpacked tree may take at most half of it, plus %d MiB for the kernel), the guest has %d MiB: raise --memory or use a smaller image",
-		mib(need), mib(archive), mib(unpacked), mib(Headroom), mib(guestMemory))
-}
-
-func mib(n int64) int64 { return (n + 1<<20 - 1) >> 20 }
-
-// Extra returns what Build adds to IMAGE's tree for cfg, in archive
-// bytes and unpacked bytes (rootfs.Usage's rules): the directories it
-// makes, the agent and the modules with their list. With an IMAGE's
-// rootfs.Usage it gives the sizes Fits judges before anything is built,
-// so the first refusal names the guest memory the build will accept (it
-// counts every directory, the image's own included: an upper bound by a
-// few KiB). It resolves the modules as Build does (their files read and
-// decompressed) and writes nothing.
-func Extra(cfg Config) (archive, unpacked int64, err error) {
-	if cfg.Image == nil || cfg.Agent == "" || cfg.Release == "" {
-		return 0, 0, errors.New("initramfs: Extra needs Config.Image, Agent and Release")
-	}
-	add := func(name string, size int64) {
-		archive += rootfs.NewcSize(name, size)
-		unpacked += rootfs.EntryOverhead + (size+rootfs.PageSize-1)/rootfs.PageSize*rootfs.PageSize
-	}
-	for _, d := range []string{"proc", "sys", "dev", "tmp", "run", "dev/console", ".hpcvmm"} {
-		add(d, 0)
-	}
-	fi, err := os.Stat(cfg.Agent)
-	if err != nil {
-		return 0, 0, fmt.Errorf("initramfs: agent: %w", err)
-	}
-	add(strings.TrimPrefix(AgentPath, "/"), fi.Size())
-	set, err := kmodules.Resolve(cfg.modules(cfg.Image))
-	if err != nil {
-		return 0, 0, err
-	}
-	base := "usr/lib/modules/" + set.Release // lib/modules, or below /lib's target (merged /usr)
-	dirs := map[string]bool{}
-	list := 0
-	for _, m := range set.Modules {
-		name := base + "/" + m.Path
-		for d := path.Dir(name); d != "." && !dirs[d]; d = path.Dir(d) {
-			dirs[d] = true
-			add(d, 0)
-		}
-		add(name, int64(len(m.Data)))
-		list += len(name) + 2
-	}
-	add(strings.TrimPrefix(ModulesList, "/"), int64(list))
-	return archive + 512, unpacked, nil // 512: the slack Build's own check keeps
 }
 
 // CheckAgent refuses an agent binary that is not a static ELF executable:
@@ -211,28 +159,36 @@ func CheckAgent(p string) error {
 
 // Build returns the initramfs for cfg: from the cache when it holds a
 // valid entry for cfg's key, else built, stored and returned. Nothing
-// outside the cache directory is written; a build that fails leaves
-// nothing behind in it.
+// outside the cache directory is written; a build that fails leaves no
+// entry behind in it (the record of the firmware its modules name may
+// stay: it holds for the key whatever failed).
 func Build(cfg Config) (*Result, error) {
-	res, cache, agentSum, m, err := lookup(cfg)
+	e, err := lookup(cfg, true)
 	if err != nil {
 		return nil, err
 	}
-	if m != nil {
-		return res, nil
+	e.fw.logMissing(cfg.log())
+	if e.m != nil {
+		return e.res, nil
 	}
-	m, err = build(cfg, cache, res.Key, agentSum)
+	m, err := build(cfg, e)
 	if err != nil {
-		if strings.Contains(err.Error(), "changed while hpcvmm read it") {
-			// The hash records chose a key the files do not match: the next
-			// launch hashes them again rather than failing the same way.
-			cache.forget(cfg.Image.Path())
-			cache.forget(cfg.Agent)
-		}
+		forgetChanged(cfg, e.cache, err)
 		return nil, err
 	}
-	res.fill(m)
-	return res, nil
+	e.res.fill(m)
+	return e.res, nil
+}
+
+// forgetChanged forgets the hash records of IMAGE and the agent after err
+// found a file other than its record said: the records chose a key the
+// files do not match, so the next launch hashes them again rather than
+// failing the same way.
+func forgetChanged(cfg Config, cache *Cache, err error) {
+	if strings.Contains(err.Error(), "changed while hpcvmm read it") {
+		cache.forget(cfg.Image.Path())
+		cache.forget(cfg.Agent)
+	}
 }
 
 // Lookup is Build without building: the cached initramfs for cfg, or nil
@@ -243,33 +199,67 @@ func Build(cfg Config) (*Result, error) {
 // at all, and Build afterwards finds the same entry (its hashes are
 // remembered: milliseconds).
 func Lookup(cfg Config) (*Result, error) {
-	res, _, _, m, err := lookup(cfg)
-	if err != nil || m == nil {
+	e, err := lookup(cfg, false)
+	if err != nil || e.m == nil {
 		return nil, err
 	}
-	return res, nil
+	e.fw.logMissing(cfg.log())
+	return e.res, nil
+}
+
+// entry is what lookup found for a Config.
+type entry struct {
+	res      *Result
+	cache    *Cache
+	agentSum string
+	base     string        // the key less the firmware (cacheKey)
+	m        *meta         // nil on a miss
+	fw       *fwPlan       // nil only on Lookup's miss without a firmware record
+	set      *kmodules.Set // the modules, when lookup resolved them
 }
 
 // lookup computes cfg's key and returns the cache's entry for it (m nil
-// on a miss; res.Replaced says why an entry was unusable).
-func lookup(cfg Config) (res *Result, cache *Cache, agentSum string, m *meta, err error) {
+// on a miss; res.Replaced says why an entry was unusable). The key needs
+// the firmware the modules name: from the record of an earlier build,
+// else, with resolve, by resolving the modules (handed on to build);
+// without resolve a missing record is a miss, since no entry was built.
+func lookup(cfg Config, resolve bool) (*entry, error) {
 	if cfg.Image == nil {
-		return nil, nil, "", nil, errors.New("initramfs: Config.Image is nil: open the image with rootfs.Open")
+		return nil, errors.New("initramfs: Config.Image is nil: open the image with rootfs.Open")
 	}
 	if cfg.Agent == "" || cfg.Release == "" {
-		return nil, nil, "", nil, errors.New("initramfs: Config.Agent and Config.Release are required: pass os.Executable() and the kernel's release")
+		return nil, errors.New("initramfs: Config.Agent and Config.Release are required: pass os.Executable() and the kernel's release")
 	}
 	if err := CheckAgent(cfg.Agent); err != nil {
-		return nil, nil, "", nil, err
+		return nil, err
 	}
-	if cache, err = OpenCache(cfg.CacheDir, cfg.CacheMax); err != nil {
-		return nil, nil, "", nil, err
-	}
-	key, agentSum, err := cacheKey(cfg, cache)
+	cache, err := OpenCache(cfg.CacheDir, cfg.CacheMax)
 	if err != nil {
-		return nil, nil, "", nil, err
+		return nil, err
 	}
-	res = &Result{Key: key, Path: cache.archivePath(key)}
+	e := &entry{cache: cache}
+	if e.base, e.agentSum, err = cacheKey(cfg, cache); err != nil {
+		return nil, err
+	}
+	refs, ok := cache.readRefs(e.base)
+	if !ok {
+		if !resolve {
+			return e, nil
+		}
+		if e.set, err = kmodules.Resolve(cfg.modules(cfg.Image)); err != nil {
+			forgetChanged(cfg, cache, err) // IMAGE's modules are read against its key
+			return nil, err
+		}
+		refs = e.set.Firmware()
+		cache.writeRefs(e.base, refs)
+	}
+	if e.fw, err = planFirmware(cfg, cache, refs); err != nil {
+		return nil, err
+	}
+	key := e.fw.key(e.base)
+	res := &Result{Key: key, Path: cache.archivePath(key)}
+	e.res = res
+	e.fw.fill(res)
 	m, index, _, err := cache.get(key)
 	if err == nil && index != nil {
 		if lerr := cfg.Image.LoadIndex(bytes.NewReader(index)); lerr != nil {
@@ -282,14 +272,14 @@ func lookup(cfg Config) (res *Result, cache *Cache, agentSum string, m *meta, er
 		res.fill(m)
 		if cfg.GuestMemory > 0 {
 			if err := Fits(m.size, m.unpacked, cfg.GuestMemory); err != nil {
-				return nil, nil, "", nil, fmt.Errorf("initramfs: image %s %w", cfg.Image.Path(), err)
+				return nil, fmt.Errorf("initramfs: image %s %w", cfg.Image.Path(), err)
 			}
 		}
-		return res, cache, agentSum, m, nil
+		e.m = m
 	case !errors.Is(err, errMiss):
 		res.Replaced = err.Error()
 	}
-	return res, cache, agentSum, nil, nil
+	return e, nil
 }
 
 func (r *Result) fill(m *meta) {
@@ -303,12 +293,19 @@ func (cfg Config) modules(im kmodules.Files) kmodules.Config {
 		Modaliases: cfg.Modaliases, Optional: cfg.Optional, Exclude: cfg.Exclude}
 }
 
-// build writes the archive for cfg into the cache under key.
-func build(cfg Config, cache *Cache, key, agentSum string) (m *meta, err error) {
-	im := cfg.Image
-	set, err := kmodules.Resolve(cfg.modules(im))
-	if err != nil {
-		return nil, err
+// build writes the archive for cfg into the cache under e's key.
+func build(cfg Config, e *entry) (m *meta, err error) {
+	im, cache, key, agentSum := cfg.Image, e.cache, e.res.Key, e.agentSum
+	set := e.set
+	if set == nil {
+		if set, err = kmodules.Resolve(cfg.modules(im)); err != nil {
+			return nil, err
+		}
+		if !e.fw.sameRefs(set.Firmware()) {
+			// A module replaced without depmod: the record is stale.
+			_ = os.Remove(cache.refsPath(e.base))
+			return nil, fmt.Errorf("initramfs: the modules for kernel %s name other firmware than when hpcvmm last read them (changed while hpcvmm read it): launch again", cfg.Release)
+		}
 	}
 	f, err := os.CreateTemp(cache.dir, tempPrefix+key[:16]+"-*")
 	if err != nil {
@@ -329,7 +326,7 @@ func build(cfg Config, cache *Cache, key, agentSum string) (m *meta, err error) 
 	bound, why := cache.entryBound()
 	a.cnt.limit, a.cnt.over = bound, func() error { return boundError(cfg.Image.Path(), "", bound, why) }
 	b := &builder{a: a, cfg: cfg, top: map[string]string{}, agentSum: agentSum, bound: bound, boundWhy: why,
-		modFiles: map[string]bool{}, modSums: map[string][sha256.Size]byte{}}
+		modFiles: map[string]bool{}, modSums: map[string][sha256.Size]byte{}, fw: e.fw, cache: cache}
 	if strings.HasPrefix(set.Source, "image:") {
 		for _, m := range set.Modules {
 			b.modFiles[path.Base(m.File)] = true
@@ -382,6 +379,10 @@ type builder struct {
 	// boundWhy what sets it.
 	bound    int64
 	boundWhy string
+	// fw is the firmware to write, cache the cache whose records its
+	// hashes came from.
+	fw    *fwPlan
+	cache *Cache
 }
 
 // boundError is the refusal of an archive that would grow past bound.
@@ -459,7 +460,7 @@ func (b *builder) entry(e *rootfs.Entry, content io.Reader) error {
 }
 
 // extras writes what hpcvmm adds to IMAGE: mount points, the agent, the
-// modules and their list.
+// modules, their firmware and their list.
 func (b *builder) extras(set *kmodules.Set) error {
 	a := b.a
 	for _, d := range []struct {
@@ -505,10 +506,11 @@ func (b *builder) extras(set *kmodules.Set) error {
 		return fmt.Errorf("initramfs: agent %s changed while hpcvmm read it (SHA-256 %s, then %s): launch again", b.cfg.Agent, b.agentSum, got)
 	}
 
-	base, err := b.modulesBase(set.Release)
+	lib, err := b.libDir()
 	if err != nil {
 		return err
 	}
+	base := lib + "/modules/" + set.Release
 	fromImage := strings.HasPrefix(set.Source, "image:")
 	var list strings.Builder
 	for _, m := range set.Modules {
@@ -534,6 +536,9 @@ func (b *builder) extras(set *kmodules.Set) error {
 		}
 		list.WriteString("/" + name + "\n")
 	}
+	if err := b.writeFirmware(b.fw, b.cache, lib); err != nil {
+		return err
+	}
 	l := list.String()
 	if err := b.count(ModulesList, int64(len(l))); err != nil {
 		return err
@@ -541,10 +546,11 @@ func (b *builder) extras(set *kmodules.Set) error {
 	return a.file(strings.TrimPrefix(ModulesList, "/"), 0o644, 0, 0, int64(len(l)), strings.NewReader(l))
 }
 
-// modulesBase is where lib/modules/RELEASE lies in the archive: below
-// the target of a top-level "lib" symlink (merged /usr: lib → usr/lib), so
-// the records never pass through a symlink while the kernel unpacks.
-func (b *builder) modulesBase(release string) (string, error) {
+// libDir is where lib/modules/RELEASE and lib/firmware lie in the
+// archive: below the target of a top-level "lib" symlink (merged /usr:
+// lib → usr/lib), so the records never pass through a symlink while the
+// kernel unpacks.
+func (b *builder) libDir() (string, error) {
 	lib := "lib"
 	if t, ok := b.top["lib"]; ok {
 		c := path.Clean(strings.TrimPrefix(t, "/"))
@@ -555,5 +561,5 @@ func (b *builder) modulesBase(release string) (string, error) {
 	} else if b.a.all["lib"] && !b.a.dirs["lib"] {
 		return "", fmt.Errorf("initramfs: image %s: /lib is not a directory: the modules have nowhere to go", b.cfg.Image.Path())
 	}
-	return lib + "/modules/" + release, nil
+	return lib, nil
 }

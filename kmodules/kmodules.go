@@ -16,6 +16,12 @@
 // github.com/therootcompany/xz, zstd and gzip with
 // github.com/klauspost/compress (both already hpcvmm dependencies, see
 // package vmlinux).
+//
+// Each module's .modinfo names the firmware it may request (ParseModinfo,
+// Set.Firmware: names from an image's module are untrusted and checked,
+// ValidFirmwareName); FindFirmware looks the files up on the host as the
+// kernel's firmware loader would (firmware.go), for the initramfs to carry
+// them to the guest's /lib/firmware.
 package kmodules
 
 import (
@@ -112,6 +118,13 @@ type Module struct {
 	// of the image saw.
 	File       string
 	FileSHA256 [sha256.Size]byte
+	// Firmware are the firmware files the module names (ModInfo's) and
+	// Version its version= record, from its .modinfo; ModinfoErr says why
+	// they are unknown when its object has no .modinfo debug/elf reads
+	// (the guest kernel refuses such an object anyway).
+	Firmware   []string
+	Version    string
+	ModinfoErr error
 }
 
 // Set is the modules a guest loads, in load order.
@@ -236,7 +249,16 @@ func Resolve(cfg Config) (*Set, error) {
 		if err != nil {
 			return nil, fmt.Errorf("kmodules: %s/%s: %w: the module file is corrupt; reinstall the kernel's modules", src.where, p, err)
 		}
-		set.Modules = append(set.Modules, Module{Name: nameOf(p), Path: stripCompression(p), Data: data, File: p, FileSHA256: sha256.Sum256(datas[p])})
+		// A firmware name is checked here, where the module is named: its
+		// lookup on the host comes later (FindFirmware).
+		info, ierr := ParseModinfo(data)
+		var fe *FirmwareNameError
+		if errors.As(ierr, &fe) {
+			fe.Module = nameOf(p)
+			return nil, fe
+		}
+		set.Modules = append(set.Modules, Module{Name: nameOf(p), Path: stripCompression(p), Data: data, File: p, FileSHA256: sha256.Sum256(datas[p]),
+			Firmware: info.Firmware, Version: info.Version, ModinfoErr: ierr})
 	}
 	return set, nil
 }

@@ -34,8 +34,9 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	c := newCommand("hpcvmm check",
 		"Check that this host can run the described VM: KVM and its capabilities, the IOMMU and interrupt remapping, "+
 			"each device (driver, IOMMU group, NUMA node, reset method, BARs against the guest address space, VF to PF), "+
+			"an NVIDIA GPU's host driver and GSP firmware for jobs, "+
 			"the node's CPUs and free hugepages, RLIMIT_MEMLOCK. Every problem is printed with the command that fixes it. "+
-			"hpcvmm run runs the same checks first.",
+			"hpcvmm run runs the same checks first (but the GPU driver's: jobs check it before they boot).",
 		"hpcvmm check [--gpu BDF]... [--vf BDF]... [--memory SIZE] [--hugepages 1G|2M|none]",
 		"[--cpus N] [--numa-node N|auto] [--cpu-mode dedicated|shared] [--json]")
 	c.footer = exitHelp("check")
@@ -73,6 +74,9 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	}
 	req.GPUs, req.VFs, req.PageSize = gpus, vfs, uint64(page)
 	req.CPUMode, req.KVMCheck = string(cpuMode), withCPUChecks(req.KVMCheck, req.CPUs)
+	// An NVIDIA GPU's driver as a job would find it (gpulibs.go's root and
+	// loader cache: the host's, a fixture in tests).
+	req.GPUDriver, req.DriverRoot, req.DriverCache = true, gpuDriverRoot, gpuDriverCache
 	if *sysRoot == "/sys" {
 		req.RunDir = hoststate.DefaultStateDir // other VMs' CPU claims
 		// The live host: read InfiniBand VFs' GUIDs over netlink, and

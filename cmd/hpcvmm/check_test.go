@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -218,4 +220,92 @@ func TestCheckAndRunRefuseTheSameInput(t *testing.T) {
 	assert.Equal(t, exitHost, rc)
 	assert.Contains(t, out, "2 of the pool's 2 1G hugepages free; the VM needs 4 (4G)")
 	assert.Contains(t, out, "fix: echo 4 > ")
+}
+
+// copyDriverHost copies gpudriver's fake H200 host (symbolic links as
+// links) for a test to change, and points check at it.
+func copyDriverHost(t *testing.T) string {
+	fixtureDriverHost(t)
+	src, dst := gpuDriverRoot, t.TempDir()
+	require.NoError(t, filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		to := filepath.Join(dst, rel)
+		switch {
+		case d.Type()&fs.ModeSymlink != 0:
+			l, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			return os.Symlink(l, to)
+		case d.IsDir():
+			return os.MkdirAll(to, 0o755)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(to, b, 0o644)
+	}))
+	withDriverHost(t, dst, gpuDriverCache)
+	return dst
+}
+
+// TestCheckGPUDriver: check --gpu of an NVIDIA GPU reports the host
+// driver jobs get and the GSP firmware, in the table and in --json; a
+// library of another version and a missing firmware are warnings (the VM
+// could start: exit as before) with both ways out; no module loaded too.
+func TestCheckGPUDriver(t *testing.T) {
+	needFixture(t)
+	fixtureDriverHost(t)
+	args := []string{"--sysfs", checkFixture, "--procfs", "/nonexistent", "--gpu", "0000:00:06.0", "--memory", "4G"}
+	_, out, _ := runCLI(check, args...)
+	assert.Regexp(t, `PASS\s+gpu-driver\s+0000:00:06.0\s+NVIDIA driver 580.159.04: 26 libraries, 5 programs for jobs' guests\n`, out)
+	assert.Regexp(t, `PASS\s+gpu-firmware\s+0000:00:06.0\s+kernel 6.18.44-fc-v657-gpu's nvidia module \(580.159.04\): GSP firmware /usr/local/nvidia/firmware/nvidia/580.159.04/gsp_tu10x.bin`, out)
+	_, out, _ = runCLI(check, append(args, "--json")...)
+	var rep struct{ Results []preflight.Result }
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	got := map[string]preflight.Status{}
+	for _, r := range rep.Results {
+		if r.Subject == "0000:00:06.0" {
+			got[r.Name] = r.Status
+		}
+	}
+	assert.Equal(t, preflight.Pass, got["gpu-driver"])
+	assert.Equal(t, preflight.Pass, got["gpu-firmware"])
+
+	root := copyDriverHost(t)
+	lib := filepath.Join(root, "usr/local/nvidia/lib64")
+	require.NoError(t, os.WriteFile(filepath.Join(lib, "libcuda.so.575.57.08"), []byte("older"), 0o644))
+	require.NoError(t, os.Remove(filepath.Join(lib, "libcuda.so.1")))
+	require.NoError(t, os.Symlink("libcuda.so.575.57.08", filepath.Join(lib, "libcuda.so.1")))
+	require.NoError(t, os.RemoveAll(filepath.Join(root, "usr/local/nvidia/firmware")))
+	_, out, _ = runCLI(check, args...)
+	assert.Regexp(t, `WARN\s+gpu-driver\s+0000:00:06.0\s+the NVIDIA kernel module is version 580.159.04, its libraries version 575.57.08 \(/usr/local/nvidia/lib64/libcuda.so.1 is libcuda.so.575.57.08\)`, out)
+	assert.Contains(t, out, "every job (hpcvmm run --rootfs) with this GPU exits 3 before boot unless run with --gpu-libs=off")
+	assert.Contains(t, out, "fix: install the NVIDIA driver's user space of version 580.159.04, or load the 575.57.08 module (reboot after the driver's update); or run jobs with --gpu-libs=off")
+	assert.Regexp(t, `WARN\s+gpu-firmware\s+0000:00:06.0\s+kernel 6.18.44-fc-v657-gpu's nvidia module \(580.159.04\) names GSP firmware nvidia/580.159.04/gsp_tu10x.bin`, out)
+	assert.Contains(t, out, "fix: install the driver's firmware package (e.g. nvidia-firmware-580.159.04)")
+	_, out, _ = runCLI(check, append(args, "--json")...)
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	for _, r := range rep.Results {
+		if r.Name == "gpu-driver" || r.Name == "gpu-firmware" {
+			assert.Equal(t, preflight.Warn, r.Status, r.Name)
+			assert.Contains(t, r.Fix, "install", r.Name)
+		}
+	}
+
+	root = copyDriverHost(t)
+	require.NoError(t, os.Remove(filepath.Join(root, "proc/driver/nvidia/version")))
+	require.NoError(t, os.Remove(filepath.Join(root, "sys/module/nvidia/version")))
+	_, out, _ = runCLI(check, args...)
+	assert.Regexp(t, `WARN\s+gpu-driver\s+0000:00:06.0\s+the NVIDIA kernel module is not loaded on the host`, out)
+	assert.Contains(t, out, "fix: modprobe nvidia")
+
+	// A device of another vendor gets neither check.
+	tr := readyTree(t)
+	_, out, _ = runCLI(check, "--sysfs", tr.Sys(), "--procfs", tr.Proc(), "--gpu", "00:04.0")
+	assert.NotContains(t, out, "gpu-driver")
 }

@@ -12,7 +12,18 @@
 # tests, not captured: the binaries in usr/bin (the fixture did not capture
 # where nvidia-smi lives), the i386 copy of libcuda, and the capability files
 # under proc/driver/nvidia/capabilities (minors and modes as dev-nodes.txt
-# shows them: nvidia-cap1 0400, nvidia-cap2 0444). Left out on purpose:
+# shows them: nvidia-cap1 0400, nvidia-cap2 0444), the kernel's release in
+# proc/sys/kernel/osrelease (version.txt's uname -r), and the GSP firmware
+# where the device H200 host keeps it (seen there for issue 32: the kernel's
+# firmware_class.path is /usr/local/nvidia/firmware, holding
+# nvidia/580.159.04/gsp_ga10x.bin, 74983408 bytes, and gsp_tu10x.bin,
+# 30463064; nothing under /lib/firmware/nvidia), as tiny stand-ins. The
+# guest kernel's nvidia.ko is a real ELF object (compiled with gcc -c, so
+# this script needs gcc) whose .modinfo holds what that host's
+# /usr/local/nvidia/modules/nvidia.ko holds of what hpcvmm reads, in its
+# order: version=580.159.04, firmware= gsp_tu10x.bin then gsp_ga10x.bin,
+# name=nvidia; the other modules are text stand-ins with the ELF magic. Left
+# out on purpose:
 # ocl-icd's libOpenCL.so development link, so the cache has a stale entry.
 set -eu
 cd "$(dirname "$0")"
@@ -96,3 +107,16 @@ alias auxiliary:mlx5_core.rdma mlx5_ib
 alias rdma-link-rxe rdma_rxe
 ALIAS
 : > $M/modules.builtin
+mkdir -p host/proc/sys/kernel
+sed -n 1p version.txt > host/proc/sys/kernel/osrelease
+printf '%s\n' \
+	'#define M(n, s) __attribute__((section(".modinfo"), used, aligned(1))) static const char n[] = s;' \
+	"M(v, \"version=$V\") M(l, \"license=Dual MIT/GPL\")" \
+	"M(f1, \"firmware=nvidia/$V/gsp_tu10x.bin\") M(f2, \"firmware=nvidia/$V/gsp_ga10x.bin\")" \
+	'M(a1, "alias=pci:v000010DEd*sv*sd*bc03sc00i00*") M(a2, "alias=pci:v000010DEd*sv*sd*bc03sc02i00*")' \
+	'M(d, "depends=") M(n, "name=nvidia")' |
+	gcc -c -x c -o $M/updates/dkms/nvidia.ko -
+F=host/usr/local/nvidia/firmware
+mkdir -p $F/nvidia/$V host/sys/module/firmware_class/parameters
+echo /usr/local/nvidia/firmware > host/sys/module/firmware_class/parameters/path
+for f in gsp_ga10x gsp_tu10x; do printf 'fake GSP firmware %s\n' $f > $F/nvidia/$V/$f.bin; done

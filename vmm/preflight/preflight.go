@@ -14,6 +14,7 @@ func Run(h *host.Host, req Request) Report {
 	c.kvm()
 	c.iommu()
 	c.devicesChecks()
+	c.gpuDriverChecks()
 	c.barSpace()
 	c.node()
 	c.cpuMode()

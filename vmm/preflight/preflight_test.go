@@ -51,7 +51,7 @@ func msixConfig(vendor, device uint16, vectors int, bir uint8, tableOff, pbaOff 
 // goodHost is a two-node host where a GPU on node 1 and an InfiniBand VF on
 // node 0 are ready for passthrough: IOMMU and interrupt remapping on, GPU
 // and VF on vfio-pci, 1G hugepages reserved, running as root.
-func goodHost(t *testing.T) (*hosttest.Tree, *host.Host) {
+func goodHost(t testing.TB) (*hosttest.Tree, *host.Host) {
 	tr := hosttest.New(t)
 	tr.Node(0, "0-7", 32*gib, hosttest.Pool{Size: gib, Total: 8, Free: 8}, hosttest.Pool{Size: 2 * mib})
 	tr.Node(1, "8-15", 32*gib, hosttest.Pool{Size: gib, Total: 16, Free: 16}, hosttest.Pool{Size: 2 * mib, Total: 1024, Free: 512})

@@ -1,7 +1,8 @@
 // Package preflight holds the host checks behind `hpcvmm check` and the start
 // of `hpcvmm run`: KVM, IOMMU and interrupt remapping, each passthrough
 // device (driver, IOMMU group, reset, BARs vs the guest address space,
-// SR-IOV), the NUMA node's CPUs and hugepages, and RLIMIT_MEMLOCK. Every
+// SR-IOV), an NVIDIA GPU's host driver and GSP firmware for jobs
+// (Request.GPUDriver), the NUMA node's CPUs and hugepages, and RLIMIT_MEMLOCK. Every
 // check returns pass, warn or fail and, for a problem, the exact command or
 // sysfs write that fixes it. All host facts come from package host, so the
 // checks run unchanged against the live host, the real-host capture and

@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/hpcvmm/hpcvmm/addrspace"
+	"github.com/hpcvmm/hpcvmm/gpudriver"
 	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/host"
 	"github.com/hpcvmm/hpcvmm/ibvf"
@@ -64,6 +65,22 @@ type Request struct {
 	// directory whose CPU claims (package cpuclaim) count as taken.
 	CPUMode string `json:"cpu_mode,omitempty"`
 	RunDir  string `json:"run_dir,omitempty"`
+	// GPUDriver asks for the checks of the host NVIDIA driver behind each
+	// NVIDIA GPU among GPUs (gpudriver.go): "gpu-driver", the libraries
+	// and programs of the loaded module's version that jobs' guests get,
+	// and "gpu-firmware", the GSP firmware the guest kernel's nvidia
+	// module names. hpcvmm check sets it; a VM's own preflight does not: a
+	// plain VM needs neither, and a job checks both before it boots.
+	GPUDriver bool `json:"gpu_driver,omitempty"`
+	// DriverRoot is the host root those checks read beneath ("" means
+	// "/"; tests: gpudriver/testdata/host), DriverCache the loader cache's
+	// entries (nil: DriverRoot's /etc/ld.so.cache), GuestRelease the
+	// guest kernel's release ("": DriverRoot's running kernel,
+	// /proc/sys/kernel/osrelease, which a job boots unless given
+	// --kernel).
+	DriverRoot   string                 `json:"driver_root,omitempty"`
+	DriverCache  []gpudriver.CacheEntry `json:"-"`
+	GuestRelease string                 `json:"guest_release,omitempty"`
 }
 
 func (r Request) pageSize() uint64 {
