@@ -37,6 +37,21 @@ const (
 	pmemNewRoot = "/.hpcvmm/newroot" // the overlay: the job's root
 )
 
+// The firmware the initramfs carries (/lib/firmware: the GSP firmware of
+// a passed-through NVIDIA GPU, package kmodules) stays visible after the
+// switch: the kernel's firmware loader reads files from init_task's root,
+// which PID 1 shares (it is started with CLONE_FS) and so changes with
+// its chroot, and the NVIDIA driver asks for its GSP firmware when the GPU
+// is first opened, long after the switch. The initramfs's directory is
+// bind-mounted read-only at pmemFirmware in the new root and that path
+// given to the loader as its custom path (firmware_class.path, searched
+// before /lib/firmware), so the image's own /lib/firmware is left as it is.
+const (
+	initramfsFirmware = "/lib/firmware"
+	pmemFirmware      = "/.hpcvmm/firmware"
+	firmwarePathParam = "/sys/module/firmware_class/parameters/path"
+)
+
 // pmemMoved are the mounts the agent made in the initramfs that move into
 // the new root whole (their submounts, /dev/pts and /dev/shm, with them).
 var pmemMoved = []string{"/proc", "/sys", "/dev", "/tmp"}
@@ -72,6 +87,10 @@ type rootSwitch struct {
 	WaitFor func(path string, timeout time.Duration) error
 	Chdir   func(path string) error
 	Chroot  func(path string) error
+	// IsDir says whether path is a directory.
+	IsDir func(path string) bool
+	// WriteFile writes data to the existing file path (a sysfs parameter).
+	WriteFile func(path string, data []byte) error
 }
 
 // switchToPMEM makes the image on PMEMDevice, file system fstype, the
@@ -110,6 +129,19 @@ func switchToPMEM(s rootSwitch, fstype string) error {
 	if err := s.Mount("overlay", pmemNewRoot, "overlay", 0, overlayOptions()); err != nil {
 		return fmt.Errorf("mounting the overlay over the image (%s): %w", overlayOptions(), err)
 	}
+	firmware := s.IsDir(initramfsFirmware)
+	if firmware {
+		target := pmemNewRoot + pmemFirmware
+		if err := s.MkdirAll(target); err != nil {
+			return fmt.Errorf("making %s in the image: %w", pmemFirmware, err)
+		}
+		if err := s.Mount(initramfsFirmware, target, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("keeping the initramfs's firmware at %s: %w", pmemFirmware, err)
+		}
+		if err := s.Mount("", target, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+			return fmt.Errorf("keeping the initramfs's firmware at %s read-only: %w", pmemFirmware, err)
+		}
+	}
 	for _, m := range pmemMoved {
 		target := pmemNewRoot + m
 		if err := s.MkdirAll(target); err != nil {
@@ -131,6 +163,11 @@ func switchToPMEM(s rootSwitch, fstype string) error {
 	if err := s.Chdir("/"); err != nil {
 		return fmt.Errorf("switching to the image's root: %w", err)
 	}
+	if firmware {
+		if err := s.WriteFile(firmwarePathParam, []byte(pmemFirmware)); err != nil {
+			return fmt.Errorf("pointing the kernel's firmware loader at %s (%s): %w", pmemFirmware, firmwarePathParam, err)
+		}
+	}
 	return nil
 }
 
@@ -142,6 +179,11 @@ func sysRootSwitch() rootSwitch {
 		WaitFor:  waitFor,
 		Chdir:    unix.Chdir,
 		Chroot:   unix.Chroot,
+		IsDir: func(p string) bool {
+			fi, err := os.Stat(p)
+			return err == nil && fi.IsDir()
+		},
+		WriteFile: func(p string, data []byte) error { return os.WriteFile(p, data, 0) },
 	}
 }
 

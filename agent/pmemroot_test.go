@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,8 @@ type fakeSwitch struct {
 	calls  []string
 	failAt string
 	noDev  bool
+	// firmware: the initramfs has /lib/firmware.
+	firmware bool
 }
 
 func (f *fakeSwitch) call(line string) error {
@@ -45,6 +48,10 @@ func (f *fakeSwitch) rootSwitch() rootSwitch {
 		},
 		Chdir:  func(p string) error { return f.call("chdir " + p) },
 		Chroot: func(p string) error { return f.call("chroot " + p) },
+		IsDir:  func(p string) bool { return f.firmware && p == "/lib/firmware" },
+		WriteFile: func(p string, data []byte) error {
+			return f.call(fmt.Sprintf("write %s %q", p, data))
+		},
 	}
 }
 
@@ -53,7 +60,8 @@ func mountFlags(flags uintptr) string {
 	for _, fl := range []struct {
 		bit  uintptr
 		name string
-	}{{unix.MS_RDONLY, "ro"}, {unix.MS_NOSUID, "nosuid"}, {unix.MS_NODEV, "nodev"}, {unix.MS_MOVE, "move"}} {
+	}{{unix.MS_RDONLY, "ro"}, {unix.MS_NOSUID, "nosuid"}, {unix.MS_NODEV, "nodev"}, {unix.MS_MOVE, "move"},
+		{unix.MS_BIND, "bind"}, {unix.MS_REMOUNT, "remount"}} {
 		if flags&fl.bit != 0 {
 			names = append(names, fl.name)
 			flags &^= fl.bit
@@ -99,6 +107,39 @@ func TestSwitchToPMEMSequence(t *testing.T) {
 			"chdir /",
 		}, f.calls)
 	}
+}
+
+// TestSwitchToPMEMKeepsFirmware: an initramfs with /lib/firmware (a GPU's
+// GSP firmware) keeps it read-only at /.hpcvmm/firmware in the new root and
+// points the kernel's firmware loader there once the switch is done; a
+// failure of either is the switch's error.
+func TestSwitchToPMEMKeepsFirmware(t *testing.T) {
+	f := &fakeSwitch{firmware: true}
+	require.NoError(t, switchToPMEM(f.rootSwitch(), "squashfs"))
+	at := func(line string) int {
+		i := slices.Index(f.calls, line)
+		require.GreaterOrEqual(t, i, 0, "%q in %v", line, f.calls)
+		return i
+	}
+	overlay := slices.IndexFunc(f.calls, func(c string) bool { return strings.HasPrefix(c, "mount overlay") })
+	bind := at(`mount /lib/firmware /.hpcvmm/newroot/.hpcvmm/firmware  bind ""`)
+	ro := at(`mount  /.hpcvmm/newroot/.hpcvmm/firmware  ro,bind,remount ""`)
+	moveProc := at(`mount /proc /.hpcvmm/newroot/proc  move ""`)
+	chroot := at("chroot .")
+	write := at(`write /sys/module/firmware_class/parameters/path "/.hpcvmm/firmware"`)
+	assert.True(t, overlay < bind && bind < ro && ro < moveProc && chroot < write, "order: %v", f.calls)
+	assert.Equal(t, len(f.calls)-1, write, "the loader's path is set last, inside the new root")
+
+	for _, tc := range []struct{ failAt, want string }{
+		{"mount /lib/firmware", "keeping the initramfs's firmware at /.hpcvmm/firmware"},
+		{"write ", "pointing the kernel's firmware loader at /.hpcvmm/firmware"},
+	} {
+		f := &fakeSwitch{firmware: true, failAt: tc.failAt}
+		assert.ErrorContains(t, switchToPMEM(f.rootSwitch(), "erofs"), tc.want)
+	}
+	f = &fakeSwitch{}
+	require.NoError(t, switchToPMEM(f.rootSwitch(), "squashfs"))
+	assert.NotContains(t, strings.Join(f.calls, "\n"), "firmware", "without firmware in the initramfs nothing is kept")
 }
 
 // TestSwitchToPMEMStopsAtTheFirstFailure: each failing step stops the
