@@ -74,8 +74,9 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	}
 	req.GPUs, req.VFs, req.PageSize = gpus, vfs, uint64(page)
 	req.CPUMode, req.KVMCheck = string(cpuMode), withCPUChecks(req.KVMCheck, req.CPUs)
-	// An NVIDIA GPU's driver as a job would find it (gpulibs.go's root and
-	// loader cache: the host's, a fixture in tests).
+	// An NVIDIA GPU's driver as a job would find it (job.go's root and
+	// loader cache, which jobrun.Request gets: the host's, a fixture in
+	// tests).
 	req.GPUDriver, req.DriverRoot, req.DriverCache = true, gpuDriverRoot, gpuDriverCache
 	if *sysRoot == "/sys" {
 		req.RunDir = hoststate.DefaultStateDir // other VMs' CPU claims

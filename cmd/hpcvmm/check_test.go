@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hpcvmm/hpcvmm/gpudriver"
 	"github.com/hpcvmm/hpcvmm/host/hosttest"
 	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
@@ -220,6 +221,26 @@ func TestCheckAndRunRefuseTheSameInput(t *testing.T) {
 	assert.Equal(t, exitHost, rc)
 	assert.Contains(t, out, "2 of the pool's 2 1G hugepages free; the VM needs 4 (4G)")
 	assert.Contains(t, out, "fix: echo 4 > ")
+}
+
+// withDriverHost points check and jobs at root with the loader cache
+// entries of cache (ldconfig -p's text) for the test.
+func withDriverHost(t *testing.T, root string, cache []gpudriver.CacheEntry) {
+	oldRoot, oldCache := gpuDriverRoot, gpuDriverCache
+	gpuDriverRoot, gpuDriverCache = root, cache
+	t.Cleanup(func() { gpuDriverRoot, gpuDriverCache = oldRoot, oldCache })
+}
+
+// fixtureDriverHost is gpudriver's fake H200 host (module 580.159.04) and
+// its ldconfig -p.
+func fixtureDriverHost(t *testing.T) {
+	root, err := filepath.Abs("../../gpudriver/testdata/host")
+	require.NoError(t, err)
+	b, err := os.ReadFile("../../gpudriver/testdata/ldconfig-p.txt")
+	require.NoError(t, err)
+	cache, err := gpudriver.ParseLdconfig(b)
+	require.NoError(t, err)
+	withDriverHost(t, root, cache)
 }
 
 // copyDriverHost copies gpudriver's fake H200 host (symbolic links as

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/hpcvmm/hpcvmm/jobproto"
+	"github.com/hpcvmm/hpcvmm/jobrun"
 	"github.com/hpcvmm/hpcvmm/slurm"
 	"github.com/hpcvmm/hpcvmm/trustfs"
 	"github.com/hpcvmm/hpcvmm/vmm"
@@ -113,24 +114,34 @@ func exitHelp(cmd string) string {
 	return strings.TrimSuffix(b.String(), "\n")
 }
 
-// hostError marks err as the host's (exit 3): the node cannot do what was
-// asked, whatever the input.
-type hostError struct{ err error }
+// jobExit is the exit status of each kind of a job's failure to run
+// (jobrun.Error).
+var jobExit = map[jobrun.Kind]int{
+	jobrun.Input:         exitInput,
+	jobrun.Host:          exitHost,
+	jobrun.VMFailed:      jobproto.CodeAgentFailed,
+	jobrun.NotFound:      jobproto.CodeNotFound,
+	jobrun.NotExecutable: jobproto.CodeNotExecutable,
+}
 
-func (e hostError) Error() string { return e.err.Error() }
-func (e hostError) Unwrap() error { return e.err }
-
-// exitCode is the exit status of a failed command: 3 when the host is at
-// fault (a hostError, a vmm.PreflightError, a node set up for Slurm
-// otherwise than its gres.conf says, a file others could have written in
-// hpcvmm's trusted state), 2 for invalid input (a vmm.FieldError), else
-// failed, the command's own failure (1, or 125 for a job).
+// exitCode is the exit status of a failed command: a job's by its kind
+// (a jobrun.Error: jobExit); 3 when the host is at fault (a
+// vmm.PreflightError, a node set up for Slurm otherwise than its gres.conf
+// says, a file others could have written in hpcvmm's trusted state), 2 for
+// invalid input (a vmm.FieldError), else failed, the command's own failure
+// (1, or 125 for a job).
 func exitCode(err error, failed int) int {
-	var he hostError
+	var je *jobrun.Error
+	if errors.As(err, &je) {
+		if code, ok := jobExit[je.Kind]; ok {
+			return code
+		}
+		return jobproto.CodeAgentFailed
+	}
 	var pe *vmm.PreflightError
 	var te *trustfs.Error
 	switch {
-	case errors.As(err, &he), errors.As(err, &pe), errors.Is(err, slurm.ErrNodeSetup), errors.As(err, &te):
+	case errors.As(err, &pe), errors.Is(err, slurm.ErrNodeSetup), errors.As(err, &te):
 		return exitHost
 	}
 	var fe *vmm.FieldError

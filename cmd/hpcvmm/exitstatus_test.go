@@ -17,6 +17,7 @@ import (
 
 	"github.com/hpcvmm/hpcvmm/host/hosttest"
 	"github.com/hpcvmm/hpcvmm/jobproto"
+	"github.com/hpcvmm/hpcvmm/jobrun/jobruntest"
 )
 
 // failingWriter fails every write: a report or list that cannot be written.
@@ -201,13 +202,13 @@ func TestJobOnRefusedHostReadsNoImage(t *testing.T) {
 	}
 }
 
-// useStaticAgent makes staticAgent's executable the job's agent for this
+// useStaticAgent makes jobruntest's stand-in the job's agent for this
 // test: the test binary itself may be dynamically linked.
-func useStaticAgent(t *testing.T) {
-	p := staticAgent(t)
-	old := executable
-	executable = func() (string, error) { return p, nil }
-	t.Cleanup(func() { executable = old })
+func useStaticAgent(t *testing.T) string {
+	old := jobAgent
+	jobAgent = jobruntest.Agent(t)
+	t.Cleanup(func() { jobAgent = old })
+	return jobAgent
 }
 
 // synthKernelRelease is synthKernel with a version string naming release,
@@ -229,9 +230,7 @@ func synthKernelRelease(t *testing.T, release string) string {
 // launch with exactly that --memory builds the initramfs instead of
 // asking for more (issue 35: 133 MiB, then 155 MiB).
 func TestJobMemoryMinimumIsTheOneThatWorks(t *testing.T) {
-	useStaticAgent(t)
-	agent, err := executable()
-	require.NoError(t, err)
+	agent := useStaticAgent(t)
 	require.NoError(t, os.Truncate(agent, 40<<20))
 	kernel := synthKernelRelease(t, "6.1.0-test")
 	img := t.TempDir()

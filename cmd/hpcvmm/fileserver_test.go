@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hpcvmm/hpcvmm/jobrun"
 	"github.com/hpcvmm/hpcvmm/ninep"
 )
 
@@ -31,13 +32,13 @@ func TestFileServerDispatch(t *testing.T) {
 	root, err := os.Open(dir)
 	require.NoError(t, err)
 	defer root.Close()
-	p, err := ninep.Spawn(bin, []ninep.Export{{Root: root}}, ninep.SpawnOptions{MaxMessageSize: bindMSize, Seccomp: true})
+	p, err := ninep.Spawn(bin, []ninep.Export{{Root: root}}, ninep.SpawnOptions{MaxMessageSize: jobrun.DefaultBindMSize, Seccomp: true})
 	require.NoError(t, err)
 	defer p.Close()
 	c, err := p9.NewClient(struct {
 		io.Reader
 		io.WriteCloser
-	}{p.Conns[0].Replies, p.Conns[0].Requests}, p9.WithMessageSize(bindMSize))
+	}{p.Conns[0].Replies, p.Conns[0].Requests}, p9.WithMessageSize(jobrun.DefaultBindMSize))
 	require.NoError(t, err, "version")
 	a, err := c.Attach("")
 	require.NoError(t, err)

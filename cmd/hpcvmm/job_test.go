@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -74,28 +73,6 @@ func TestParseUserAndDNS(t *testing.T) {
 	}
 }
 
-func TestJobCmdline(t *testing.T) {
-	require.Equal(t, "console=ttyS0 quiet reboot=k panic=-1 rdinit=/.hpcvmm/hpcvmm-agent", jobCmdline(""))
-	require.Equal(t, "console=ttyS0 rdinit=/.hpcvmm/hpcvmm-agent", jobCmdline("console=ttyS0"))
-	require.Equal(t, "rdinit=/x", jobCmdline("rdinit=/x"))
-}
-
-func TestConsoleWatch(t *testing.T) {
-	var out bytes.Buffer
-	c := &consoleWatch{w: &out}
-	for _, chunk := range []string{"[    0.1] boot\r\n", "hpcvmm-agent: cannot reach hpc", "vmm: ports missing\n", "more\n"} {
-		n, err := c.Write([]byte(chunk))
-		require.NoError(t, err)
-		require.Equal(t, len(chunk), n)
-	}
-	require.Equal(t, "hpcvmm-agent: cannot reach hpcvmm: ports missing", c.Last())
-	_, _ = c.Write([]byte("[    2.5] Kernel panic - not syncing: Attempted to kill init!\n"))
-	require.Equal(t, "guest kernel panic - not syncing: Attempted to kill init!", c.Last())
-	require.Contains(t, out.String(), "more\n")
-	line := []byte("ordinary console line\n")
-	require.Zero(t, testing.AllocsPerRun(100, func() { _, _ = c.Write(line) }))
-}
-
 // TestJobBindInputErrors: every bad -B/--bind is a one-line error (exit 2)
 // before anything on the host changes: no initramfs cache is made.
 func TestJobBindInputErrors(t *testing.T) {
@@ -148,29 +125,45 @@ func TestJobBindInputErrors(t *testing.T) {
 	assert.True(t, os.IsNotExist(err), "no cache made for refused input")
 }
 
-// TestBindTuning: the hidden --bind-msize and --bind-cache (the bench's
-// knobs) give the binds' mount settings; without them the defaults.
-func TestBindTuning(t *testing.T) {
-	var f bindFlags
-	m, c, err := f.tuning()
-	require.NoError(t, err)
-	assert.Equal(t, uint32(bindMSize), m)
-	assert.Equal(t, bindCache, c)
+func TestModuleFlagInputErrors(t *testing.T) {
+	img := t.TempDir()
+	kernel := filepath.Join(t.TempDir(), "bzImage")
+	require.NoError(t, os.WriteFile(kernel, []byte("not read"), 0o644))
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--module", "fs/nfs/nfs.ko", "--", "sh"}, `module name "fs/nfs/nfs.ko" holds "/"`},
+		{[]string{"run", "--kernel", kernel, "--initrd", kernel, "--module", "nfs", "--", "sh"}, "--module nfs needs --rootfs IMAGE"},
+		{[]string{"run", "--kernel", kernel, "--module", "nfs"}, "--module without a COMMAND"},
+	} {
+		code, _, errOut := hpcvmm(c.args...)
+		assert.Equal(t, 2, code, "%v: %s", c.args, errOut)
+		assert.Contains(t, errOut, c.want, "%v", c.args)
+	}
+}
+
+func TestGPULibsFlag(t *testing.T) {
+	img := t.TempDir()
+	kernel := filepath.Join(t.TempDir(), "bzImage")
+	require.NoError(t, os.WriteFile(kernel, []byte("not read"), 0o644))
+	code, _, errOut := hpcvmm("run", "--kernel", kernel, "--rootfs", img, "--gpu-libs", "maybe", "--", "sh")
+	assert.Equal(t, 2, code, errOut)
+	assert.Contains(t, errOut, `"maybe": give on or off`)
+}
+
+// TestBindTuningFlags: the hidden --bind-msize and --bind-cache (the
+// bench's knobs) take sizes with a suffix; jobrun checks their values.
+func TestBindTuningFlags(t *testing.T) {
 	for _, tc := range []struct {
 		msize string
-		want  uint32
+		want  uint64
 	}{{"128K", 128 << 10}, {"1M", 1 << 20}, {"4096", 4096}, {"4M", 4 << 20}} {
 		fs := newFlagSet("t")
 		var f bindFlags
 		addBindTuningFlags(fs, &f)
 		require.NoError(t, fs.Parse([]string{"--bind-msize", tc.msize, "--bind-cache", "loose"}))
-		m, c, err := f.tuning()
-		require.NoError(t, err, tc.msize)
-		assert.Equal(t, tc.want, m, tc.msize)
-		assert.Equal(t, "loose", c)
-	}
-	for _, bad := range []bindFlags{{msize: 4095}, {msize: 4<<20 + 1}, {cache: "mmap,rw"}, {cache: "Loose"}} {
-		_, _, err := bad.tuning()
-		assert.Error(t, err, "%+v", bad)
+		assert.Equal(t, tc.want, f.msize, tc.msize)
+		assert.Equal(t, "loose", f.cache)
 	}
 }

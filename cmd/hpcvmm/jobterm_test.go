@@ -52,21 +52,24 @@ func ptyStderr(t *testing.T) (tty *os.File, output func() string) {
 // the log) and the one-line reason (Failed.Reason, or the last
 // hpcvmm-agent: line) reached a terminal stderr raw, with and without
 // --quiet. A real guest cannot boot on this host (kvm_pvm), so the guest's
-// bytes are written through the same writers runJob wires up, to a pty.
+// bytes are written through the same writers runJob gives jobrun, to a pty.
 func TestJobGuestTextOnATerminal(t *testing.T) {
 	for _, quiet := range []bool{false, true} {
 		tty, output := ptyStderr(t)
 		logOut, consoleOut := jobStderr(tty, quiet)
-		watch := &consoleWatch{w: consoleOut}
 		log := slog.New(slog.NewTextHandler(logOut, nil))
 		// The kernel's and agent's console, as the UART writes it (a byte
-		// at a time) and as hvc0 does (chunks).
+		// at a time) and as hvc0 does (chunks): jobrun passes it on to
+		// Request.Console unchanged.
 		for _, b := range []byte("[    1.0] boot " + hostile + "ok\n") {
-			_, _ = watch.Write([]byte{b})
+			_, _ = consoleOut.Write([]byte{b})
 		}
-		_, _ = watch.Write([]byte("hpcvmm-agent: cannot start " + hostile + "sh\n"))
+		agentLine := "hpcvmm-agent: cannot start " + hostile + "sh"
+		_, _ = consoleOut.Write([]byte(agentLine + "\n"))
 		log.Info("guest agent: " + hostile)
-		printJobReason(tty, "the guest ended without the command's status: "+watch.Last())
+		// jobrun's reason for a guest that ended without a status: the
+		// console's last hpcvmm-agent: line, as the guest wrote it.
+		printJobReason(tty, "the guest ended without the command's status: "+agentLine)
 		printJobReason(tty, "agent: "+hostile+"exec failed")
 		out := output()
 		for _, d := range dangerous {

@@ -21,6 +21,7 @@ import (
 	"github.com/hpcvmm/hpcvmm/binds"
 	"github.com/hpcvmm/hpcvmm/guestnet"
 	"github.com/hpcvmm/hpcvmm/host"
+	"github.com/hpcvmm/hpcvmm/jobrun"
 	"github.com/hpcvmm/hpcvmm/slurm"
 	"github.com/hpcvmm/hpcvmm/vmlinux"
 	"github.com/hpcvmm/hpcvmm/vmm"
@@ -470,18 +471,8 @@ func (e *escapeReader) Read(p []byte) (int, error) {
 }
 
 // terminalSize returns the rows and columns of out when it is a terminal,
-// else zeros (unknown).
-func terminalSize(out io.Writer) (rows, cols uint16) {
-	f, ok := out.(*os.File)
-	if !ok {
-		return 0, 0
-	}
-	w, h, err := term.GetSize(int(f.Fd()))
-	if err != nil || w <= 0 || h <= 0 || w > 0xffff || h > 0xffff {
-		return 0, 0
-	}
-	return uint16(h), uint16(w)
-}
+// else zeros (unknown): jobrun's, which a job's pty follows too.
+var terminalSize = jobrun.TerminalSize
 
 // forwardResizes passes terminal size changes (SIGWINCH) to the guest's
 // virtio console until the returned func is called.

@@ -1,4 +1,4 @@
-package main
+package jobrun
 
 import (
 	"errors"
@@ -9,13 +9,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hpcvmm/hpcvmm/asuser"
-	"github.com/hpcvmm/hpcvmm/boot"
 	"github.com/hpcvmm/hpcvmm/gpudriver"
 	"github.com/hpcvmm/hpcvmm/initramfs"
 	"github.com/hpcvmm/hpcvmm/kmodules"
 	"github.com/hpcvmm/hpcvmm/rootfs"
 	"github.com/hpcvmm/hpcvmm/vfio"
+	"github.com/hpcvmm/hpcvmm/vmm"
 )
 
 // powerButtonModules make the ACPI power button a key the agent reads
@@ -23,72 +22,44 @@ import (
 // neither as a module nor built in, the job runs without them.
 var powerButtonModules = []string{"button", "evdev"}
 
-// kernelRelease is the guest kernel's release, naming its modules
-// directory: from the bzImage's version string, or uname -r when the
-// kernel is the host's own. The kernel is read with the rights of the user
-// hpcvmm acts for (as, nil for itself), and the release, chosen by whoever
-// built the image, must be one directory name under /lib/modules.
-func kernelRelease(kernel string, as *asuser.User) (string, error) {
-	b, err := asuser.ReadFile(as, kernel)
-	if err != nil {
-		return "", fmt.Errorf("--kernel %s: %w", kernel, err)
-	}
-	r := ""
-	if k, err := boot.ParseBzImage(b); err == nil {
-		r = k.Release()
-	} else {
-		r = boot.ReleaseOfVmlinux(b)
-	}
-	if r != "" {
-		if err := kmodules.ValidateRelease(r); err != nil {
-			return "", fmt.Errorf("--kernel %s: %v", kernel, err)
-		}
-		return r, nil
-	}
-	if hk, err := hostKernel(); err == nil && hk == kernel {
-		return strings.TrimPrefix(hk, "/boot/vmlinuz-"), nil
-	}
-	return "", fmt.Errorf("--kernel %s: its release (which /lib/modules to take) is unknown: pass a distribution bzImage", kernel)
-}
-
-// executable is hpcvmm's own binary, the agent a job's initramfs holds
-// (tests give a static stand-in: a test binary may be dynamically linked).
-var executable = os.Executable
-
 // jobInitrdConfig is what IMAGE's initramfs is built from: the agent
-// (this binary), the guest kernel's release, the modules of the virtio
-// devices and the power button, and the passed-through devices' modaliases
-// (f.job.modaliases) with the modules they need besides.
-func jobInitrdConfig(im *rootfs.Image, f *runFlags) (initramfs.Config, error) {
-	self, err := executable()
-	if err != nil {
-		return initramfs.Config{}, fmt.Errorf("finding hpcvmm's own binary for the agent: %w", err)
+// (Request.Agent, else this binary), the guest kernel's release, the
+// modules of the virtio devices and the power button, and the
+// passed-through devices' modaliases (r.modaliases) with the modules they
+// need besides.
+func jobInitrdConfig(im *rootfs.Image, r *runner) (initramfs.Config, error) {
+	self := r.req.Agent
+	if self == "" {
+		var err error
+		if self, err = os.Executable(); err != nil {
+			return initramfs.Config{}, fmt.Errorf("finding hpcvmm's own binary for the agent: %w", err)
+		}
 	}
-	release, err := kernelRelease(f.cfg.Kernel, f.cfg.ActingFor)
+	release, err := kernelRelease(r.cfg.Kernel, r.cfg.ActingFor)
 	if err != nil {
 		return initramfs.Config{}, err
 	}
-	aliases := f.job.modaliases
+	aliases := r.modaliases
 	dev := gpudriver.ForModaliases(aliases)
 	return initramfs.Config{
 		Image: im, Agent: self, Release: release, Modaliases: aliases,
-		Modules:     append(jobModules(f.job.withBinds, f.job.modules), dev.Load...),
+		Modules:     append(jobModules(r.withBinds, r.req.Modules), dev.Load...),
 		Optional:    dev.Optional,
 		Exclude:     dev.Exclude,
-		GuestMemory: int64(f.cfg.Memory),
-		CacheDir:    f.job.initrdCache,
+		GuestMemory: int64(r.cfg.Memory),
+		CacheDir:    r.req.InitramfsCache,
 	}, nil
 }
 
 // deviceModaliases are the modaliases of the passed-through devices
 // (--gpu, --vf), sorted: the map's order must not change the initramfs's
 // cache key.
-func deviceModaliases(f *runFlags) ([]string, error) {
+func deviceModaliases(cfg *vmm.Config) ([]string, error) {
 	devs := map[string]bool{}
-	for _, s := range f.cfg.Passthrough.GPUs {
+	for _, s := range cfg.Passthrough.GPUs {
 		devs[s] = false
 	}
-	for _, s := range f.cfg.Passthrough.VFs {
+	for _, s := range cfg.Passthrough.VFs {
 		devs[s] = true
 	}
 	var aliases []string
@@ -97,7 +68,7 @@ func deviceModaliases(f *runFlags) ([]string, error) {
 		if err != nil {
 			continue // vmm.Config.Validate names it
 		}
-		a, err := kmodules.PCIModalias(f.cfg.SysfsRoot, sp.BDF.String())
+		a, err := kmodules.PCIModalias(cfg.SysfsRoot, sp.BDF.String())
 		if err != nil {
 			return nil, err
 		}
@@ -135,13 +106,13 @@ func (e *deviceModuleError) Error() string {
 		e.err.Name, e.err.Release, e.err.Where, fix)
 }
 
-// exitCode is the exit status of the error: 2 for IMAGE's tree, 3 for
-// the host's.
-func (e *deviceModuleError) exitCode() int {
+// kind is who is at fault: the user for IMAGE's tree, the host for its
+// own.
+func (e *deviceModuleError) kind() Kind {
 	if strings.HasPrefix(e.err.Where, "image:") {
-		return exitInput
+		return Input
 	}
-	return exitHost
+	return Host
 }
 
 // bindModules are the kernel's 9P client over file descriptors, for a
@@ -227,8 +198,8 @@ func checkDeviceModuleSource(res *initramfs.Result, cfg initramfs.Config) error 
 	if len(need) == 0 || res.ModuleSource != "" {
 		return nil
 	}
-	return hostError{fmt.Errorf("--gpu/--vf: the passed-through device needs module %s, but kernel %s has no modules directory (neither IMAGE's /lib/modules/%s nor the host's): install the kernel's modules and the driver's, or boot a kernel that has them (--kernel)",
-		need[0], cfg.Release, cfg.Release)}
+	return errorf(Host, "--gpu/--vf: the passed-through device needs module %s, but kernel %s has no modules directory (neither IMAGE's /lib/modules/%s nor the host's): install the kernel's modules and the driver's, or boot a kernel that has them (--kernel)",
+		need[0], cfg.Release, cfg.Release)
 }
 
 // logInitrd logs the initramfs a job boots: a cache hit, or what was built.

@@ -1,9 +1,7 @@
-package main
+package jobrun
 
 import (
 	"errors"
-	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"time"
@@ -14,7 +12,6 @@ import (
 	"github.com/hpcvmm/hpcvmm/asuser"
 	"github.com/hpcvmm/hpcvmm/imagefile"
 	"github.com/hpcvmm/hpcvmm/initramfs"
-	"github.com/hpcvmm/hpcvmm/job"
 	"github.com/hpcvmm/hpcvmm/kmodules"
 	"github.com/hpcvmm/hpcvmm/rootfs"
 	"github.com/hpcvmm/hpcvmm/vmm"
@@ -64,23 +61,22 @@ func openPMEMImage(image string, as *asuser.User) (*os.File, *imagefile.Image, e
 
 // prepareImage sets the job's initrd (and for a pmem IMAGE its read-only
 // image) from IMAGE: a SquashFS, EROFS or SIF file takes the pmem path
-// (preparePMEM), anything else today's initramfs of IMAGE's tree
-// (prepareRootfs). A code >= 0 is the exit status, its reason printed.
-func prepareImage(image string, f *runFlags, spec *job.Spec, check func(*rootfs.Image) error, log *slog.Logger, stderr io.Writer) int {
-	file, im, err := openPMEMImage(image, f.cfg.ActingFor)
+// (preparePMEM), anything else the initramfs of IMAGE's tree
+// (prepareRootfs).
+func (r *runner) prepareImage(check func(*rootfs.Image) error) error {
+	image := r.req.Image
+	file, im, err := openPMEMImage(image, r.cfg.ActingFor)
 	if err != nil {
-		fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: %s\n", image, imageError(image, err))
-		return 2
+		return errorf(Input, "--rootfs %s: %s", image, imageError(image, err))
 	}
 	var initrd string
-	var code int
 	if im == nil {
-		initrd, code = prepareRootfs(image, f, spec, check, log, stderr)
+		initrd, err = r.prepareRootfs(check)
 	} else {
-		initrd, code = preparePMEM(image, file, im, f, log, stderr)
+		initrd, err = r.preparePMEM(file, im)
 	}
-	f.cfg.Initrd = initrd
-	return code
+	r.cfg.Initrd = initrd
+	return err
 }
 
 // closePMEMFile closes the caller's descriptor of a pmem IMAGE, if any.
@@ -97,50 +93,44 @@ func closePMEMFile(file *os.File) {
 // (cached per kernel release and module set). COMMAND is looked up in the
 // guest: no Go reader of SquashFS or EROFS is at hand, so the agent
 // reports 127 or 126 as it does for a command that vanished (the host's
-// lookup before boot is the initramfs path's). A code >= 0 is the exit
-// status, its reason printed.
-func preparePMEM(image string, file *os.File, im *imagefile.Image, f *runFlags, log *slog.Logger, stderr io.Writer) (string, int) {
+// lookup before boot is the initramfs path's).
+func (r *runner) preparePMEM(file *os.File, im *imagefile.Image) (string, error) {
+	image, log := r.req.Image, r.log
 	if im.Signed {
 		log.Info("job: the SIF is signed; hpcvmm does not verify signatures (apptainer verify does)", "image", image)
 	}
-	f.cfg.PMEM = vmm.PMEMConfig{Path: image, File: file, Offset: im.Offset, Size: im.Size}
-	f.cfg.Cmdline = jobCmdline(f.cfg.Cmdline) + " " + agent.CmdlinePMEMRoot + "=" + string(im.FSType)
+	r.cfg.PMEM = vmm.PMEMConfig{Path: image, File: file, Offset: im.Offset, Size: im.Size}
+	r.cfg.Cmdline = jobCmdline(r.cfg.Cmdline) + " " + agent.CmdlinePMEMRoot + "=" + string(im.FSType)
 	tree, cleanup, err := emptyTree()
 	if err != nil {
-		fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: the initramfs's empty tree: %v\n", image, err)
-		return "", 125
+		return "", errorf(VMFailed, "--rootfs %s: the initramfs's empty tree: %v", image, err)
 	}
 	defer cleanup()
-	cfg, err := jobInitrdConfig(tree, f)
+	cfg, err := jobInitrdConfig(tree, r)
 	if err != nil {
-		fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
-		return "", 2
+		return "", &Error{Kind: Input, Err: err}
 	}
 	cfg.Modules = append(cfg.Modules, pmemModules(im.FSType)...)
 	t0 := time.Now()
-	res, err := lookupOrBuild(cfg, f.job.modules, log)
+	res, err := lookupOrBuild(cfg, r.req.Modules, log)
 	var me *moduleError
 	var unknown *kmodules.UnknownModuleError
 	switch {
 	case errors.As(err, &me):
-		fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
-		return "", 2
+		return "", &Error{Kind: Input, Err: err}
 	case errors.As(err, &unknown):
-		fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: kernel %s has no module %s (neither in %s/modules.dep nor built in), which a %s IMAGE mapped as persistent memory needs: boot a kernel that has it (--kernel)\n",
+		return "", errorf(Input, "--rootfs %s: kernel %s has no module %s (neither in %s/modules.dep nor built in), which a %s IMAGE mapped as persistent memory needs: boot a kernel that has it (--kernel)",
 			image, unknown.Release, unknown.Name, unknown.Where, im.FSType)
-		return "", 2
 	case err != nil:
-		fmt.Fprintf(stderr, "hpcvmm run: --rootfs %s: the initramfs of the agent and modules: %s\n", image, imageError(tree.Path(), err))
-		return "", 125
+		return "", errorf(VMFailed, "--rootfs %s: the initramfs of the agent and modules: %s", image, imageError(tree.Path(), err))
 	}
-	if err := checkModuleSource(res, f.job.modules, cfg.Release); err != nil {
-		fmt.Fprintf(stderr, "hpcvmm run: %v\n", err)
-		return "", 2
+	if err := checkModuleSource(res, r.req.Modules, cfg.Release); err != nil {
+		return "", &Error{Kind: Input, Err: err}
 	}
 	logInitrd(log, tree, res, time.Since(t0))
 	log.Info("job: IMAGE mapped read-only as persistent memory", "image", image, "fs", string(im.FSType),
 		"container", string(im.Container), "offset", im.Offset, "size_mib", im.Size>>20)
-	return res.Path, -1
+	return res.Path, nil
 }
 
 // emptyTree is the tree of a pmem job's initramfs: an empty private

@@ -1,4 +1,4 @@
-package main
+package jobrun
 
 import (
 	"fmt"
@@ -11,8 +11,6 @@ import (
 	"sync/atomic"
 	"syscall"
 
-	"github.com/spf13/pflag"
-
 	"github.com/hpcvmm/hpcvmm/asuser"
 	"github.com/hpcvmm/hpcvmm/binds"
 	"github.com/hpcvmm/hpcvmm/job"
@@ -22,38 +20,12 @@ import (
 	"github.com/hpcvmm/hpcvmm/vmm"
 )
 
-// bindFlags are the host-directory flags of a job (package binds).
-type bindFlags struct {
-	binds         []string
-	noHome, noCwd bool
-	contain       bool
-	withBinds     bool // set once the binds are opened: the guest needs 9P
-	defaults      bool // the default binds apply (a --rootfs job)
-	// msize and cache are the hidden bench/test knobs --bind-msize and
-	// --bind-cache (addBindTuningFlags); zero values mean bindMSize and
-	// bindCache.
-	msize uint64
-	cache string
-	// mountMSize and mountCache are what the binds get, checked
-	// (jobUserAndBinds).
-	mountMSize uint32
-	mountCache string
-}
-
-// addBindFlags defines -B/--bind, --no-home, --no-cwd and --contain.
-func addBindFlags(g *pflag.FlagSet, f *bindFlags) {
-	g.StringArrayVarP(&f.binds, "bind", "B", nil, "`SRC[:DST[:ro|rw]][,...]`: a host directory in the guest at DST (default SRC), read-write unless :ro, as Apptainer's -B; served by hpcvmm over 9P with hpcvmm's (or the job user's) rights (repeatable). $HOME and the working directory are bound by default")
-	g.BoolVar(&f.noHome, "no-home", false, "do not bind $HOME at its host path")
-	g.BoolVar(&f.noCwd, "no-cwd", false, "do not bind the working directory at its host path (COMMAND then starts in / unless --workdir)")
-	g.BoolVar(&f.contain, "contain", false, "bind nothing by default: --no-home and --no-cwd")
-}
-
 // jobIdentity gives COMMAND the user hpcvmm runs as (or acts for under
 // Slurm), as `apptainer exec` does, unless --user chose one: the ids, the
 // groups and the names for the guest's passwd and group files. hpcvmm run
 // as root for itself keeps COMMAND root. acting is whom hpcvmm acts for
 // (acting, nil: itself) and the user's home directory ("" when unknown).
-func jobIdentity(spec *job.Spec, userFlag string, acting *asuser.User) (home string) {
+func jobIdentity(spec *job.Spec, userGiven bool, acting *asuser.User) (home string) {
 	who := acting
 	switch {
 	case who != nil:
@@ -65,7 +37,7 @@ func jobIdentity(spec *job.Spec, userFlag string, acting *asuser.User) (home str
 			home = asuser.Home(who.UID)
 		}
 	}
-	if userFlag != "" || who == nil {
+	if userGiven || who == nil {
 		return home
 	}
 	spec.SetUser, spec.UID, spec.GID = true, who.UID, who.GID
@@ -78,13 +50,14 @@ func jobIdentity(spec *job.Spec, userFlag string, acting *asuser.User) (home str
 // source as acting (nil: hpcvmm itself); COMMAND's working directory
 // becomes the host's when it is bound and --workdir is not given. The
 // defaults that could not be bound are logged.
-func openJobBinds(f *bindFlags, spec *job.Spec, acting *asuser.User, home string, log *slog.Logger) ([]binds.Opened, error) {
+func openJobBinds(r *runner, acting *asuser.User, home string) ([]binds.Opened, error) {
+	req := &r.req
 	cwd, err := os.Getwd()
 	if err != nil {
 		cwd = ""
 	}
 	var list []binds.Bind
-	for _, v := range f.binds {
+	for _, v := range req.Binds {
 		bs, err := binds.Parse(v, cwd)
 		if err != nil {
 			return nil, err
@@ -93,8 +66,8 @@ func openJobBinds(f *bindFlags, spec *job.Spec, acting *asuser.User, home string
 	}
 	// An --initrd of one's own gets the explicit binds only: its
 	// initramfs may not have the kernel's 9P client.
-	none := f.contain || !f.defaults
-	list = binds.WithDefaults(list, binds.Defaults{Cwd: cwd, NoCwd: f.noCwd || none, Home: home, NoHome: f.noHome || none})
+	none := req.Contain || req.Image == ""
+	list = binds.WithDefaults(list, binds.Defaults{Cwd: cwd, NoCwd: req.NoCwd || none, Home: home, NoHome: req.NoHome || none})
 	if err := binds.Check(list, nil); err != nil {
 		return nil, err
 	}
@@ -103,10 +76,10 @@ func openJobBinds(f *bindFlags, spec *job.Spec, acting *asuser.User, home string
 		return nil, err
 	}
 	for _, s := range skipped {
-		log.Debug("job: a default bind is left out", "why", s)
+		r.log.Debug("job: a default bind is left out", "why", s)
 	}
-	f.withBinds = len(opened) > 0
-	if spec.Workdir == "" && cwd != "" {
+	r.withBinds = len(opened) > 0
+	if spec := &r.spec; spec.Workdir == "" && cwd != "" {
 		for _, o := range opened {
 			if rel, err := filepath.Rel(o.Source, cwd); err == nil && filepath.IsLocal(rel) {
 				spec.Workdir = filepath.Join(o.Target, rel)
@@ -141,41 +114,35 @@ func checkBindsInImage(opened []binds.Opened) func(im *rootfs.Image) error {
 	}
 }
 
-// The binds' 9P settings (docs/jobs.md "Host directories"): the message
-// size the guest asks for and the kernel 9P client's cache mode.
+// The binds' 9P settings (docs/jobs.md "Host directories") unless
+// Request.BindMSize and BindCache say otherwise: the message size the
+// guest asks for and the kernel 9P client's cache mode, the measured
+// choice (docs/benchmarks.md, "9P binds").
 const (
-	bindMSize = 512 << 10
-	bindCache = "mmap"
+	DefaultBindMSize = 512 << 10
+	DefaultBindCache = "mmap"
 )
 
 // bindCacheModes are the cache modes of the guest kernel's 9P client
-// (Linux 6.1: Documentation/filesystems/9p.rst) --bind-cache accepts.
+// (Linux 6.1: Documentation/filesystems/9p.rst) Request.BindCache
+// (--bind-cache) may name.
 var bindCacheModes = []string{"none", "loose", "fscache", "mmap"}
 
-// addBindTuningFlags defines the hidden --bind-msize and --bind-cache: the
-// knobs docs/benchmarks.md's "9P binds" measurement varies (tests/bench
-// -cases binds). They are not for users: the defaults are the measured
-// choice.
-func addBindTuningFlags(fs *pflag.FlagSet, f *bindFlags) {
-	fs.Var(sizeValue{&f.msize}, "bind-msize", "9P message size of the binds, with a K or M suffix (bench and tests; default 512K)")
-	fs.StringVar(&f.cache, "bind-cache", "", "cache mode of the guest's 9P client for the binds: none, loose, fscache or mmap (bench and tests; default mmap)")
-}
-
 // tuning returns the binds' message size and cache mode, checked: the
-// hidden flags' values or the defaults.
-func (f *bindFlags) tuning() (msize uint32, cache string, err error) {
-	msize, cache = bindMSize, bindCache
-	if f.msize != 0 {
-		if f.msize < uint64(ninep.MinMessageSize) || f.msize > uint64(ninep.MaxMessageSizeLimit) {
-			return 0, "", fmt.Errorf("--bind-msize %d: want %d to %d bytes (a K or M suffix is fine)", f.msize, ninep.MinMessageSize, ninep.MaxMessageSizeLimit)
+// request's values or the defaults.
+func tuning(req *Request) (msize uint32, cache string, err error) {
+	msize, cache = DefaultBindMSize, DefaultBindCache
+	if req.BindMSize != 0 {
+		if req.BindMSize < uint64(ninep.MinMessageSize) || req.BindMSize > uint64(ninep.MaxMessageSizeLimit) {
+			return 0, "", fmt.Errorf("--bind-msize %d: want %d to %d bytes (a K or M suffix is fine)", req.BindMSize, ninep.MinMessageSize, ninep.MaxMessageSizeLimit)
 		}
-		msize = uint32(f.msize)
+		msize = uint32(req.BindMSize)
 	}
-	if f.cache != "" {
-		if !slices.Contains(bindCacheModes, f.cache) {
-			return 0, "", fmt.Errorf("--bind-cache %q: want one of %s", f.cache, strings.Join(bindCacheModes, ", "))
+	if req.BindCache != "" {
+		if !slices.Contains(bindCacheModes, req.BindCache) {
+			return 0, "", fmt.Errorf("--bind-cache %q: want one of %s", req.BindCache, strings.Join(bindCacheModes, ", "))
 		}
-		cache = f.cache
+		cache = req.BindCache
 	}
 	return msize, cache, nil
 }
@@ -199,29 +166,34 @@ func (s *bindServer) Close() error {
 }
 
 // jobUserAndBinds settles whom COMMAND runs as (jobIdentity) and opens the
-// job's binds as that user; the defaults apply to a --rootfs job.
-func jobUserAndBinds(jf *jobFlags, spec *job.Spec, acting *asuser.User, log *slog.Logger) ([]binds.Opened, error) {
+// job's binds as that user; the defaults apply to a job with an Image.
+func jobUserAndBinds(r *runner, acting *asuser.User) ([]binds.Opened, error) {
 	var err error
-	if jf.mountMSize, jf.mountCache, err = jf.tuning(); err != nil {
+	if r.mountMSize, r.mountCache, err = tuning(&r.req); err != nil {
 		return nil, err
 	}
-	home := jobIdentity(spec, jf.user, acting)
-	jf.defaults = jf.rootfs != ""
-	return openJobBinds(&jf.bindFlags, spec, acting, home, log)
+	home := jobIdentity(&r.spec, r.req.User != nil, acting)
+	return openJobBinds(r, acting, home)
 }
 
 // serveJobBinds starts the file server on the opened sources and the file
 // sets (the host driver's, after the binds, on the ports that follow
-// theirs): a process of its own (hpcvmm's binary as hpcvmm-9p), with
-// acting's rights when hpcvmm acts for a user, under a seccomp list of its
-// own unless --seccomp off; its refusals go to logOut.
-func serveJobBinds(opened []binds.Opened, sets []*ninep.FileSet, msize uint32, acting *asuser.User, sc vmm.SeccompMode, logOut io.Writer, log *slog.Logger) (*bindServer, error) {
+// theirs): a process of its own (the agent's binary, self, "" hpcvmm's
+// own, as hpcvmm-9p), with acting's rights when hpcvmm acts for a user,
+// under a seccomp list of its own unless --seccomp off; its refusals go to
+// logOut (nil: nowhere).
+func serveJobBinds(opened []binds.Opened, sets []*ninep.FileSet, msize uint32, self string, acting *asuser.User, sc vmm.SeccompMode, logOut io.Writer, log *slog.Logger) (*bindServer, error) {
 	if len(opened)+len(sets) == 0 {
 		return &bindServer{}, nil
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("finding hpcvmm's own binary for the file server: %w", err)
+	if self == "" {
+		var err error
+		if self, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("finding hpcvmm's own binary for the file server: %w", err)
+		}
+	}
+	if logOut == nil {
+		logOut = io.Discard
 	}
 	exports := make([]ninep.Export, len(opened))
 	for i, o := range opened {

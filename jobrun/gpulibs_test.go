@@ -1,4 +1,4 @@
-package main
+package jobrun
 
 import (
 	"errors"
@@ -17,24 +17,16 @@ import (
 	"github.com/hpcvmm/hpcvmm/jobproto"
 )
 
-// withDriverHost points jobDriver at root with the loader cache entries
-// of cache (ldconfig -p's text) for the test.
-func withDriverHost(t *testing.T, root string, cache []gpudriver.CacheEntry) {
-	oldRoot, oldCache := gpuDriverRoot, gpuDriverCache
-	gpuDriverRoot, gpuDriverCache = root, cache
-	t.Cleanup(func() { gpuDriverRoot, gpuDriverCache = oldRoot, oldCache })
-}
-
 // fixtureDriverHost is gpudriver's fake H200 host (module 580.159.04) and
 // its ldconfig -p.
-func fixtureDriverHost(t *testing.T) {
-	root, err := filepath.Abs("../../gpudriver/testdata/host")
+func fixtureDriverHost(t *testing.T) gpudriver.Options {
+	root, err := filepath.Abs("../gpudriver/testdata/host")
 	require.NoError(t, err)
-	b, err := os.ReadFile("../../gpudriver/testdata/ldconfig-p.txt")
+	b, err := os.ReadFile("../gpudriver/testdata/ldconfig-p.txt")
 	require.NoError(t, err)
 	cache, err := gpudriver.ParseLdconfig(b)
 	require.NoError(t, err)
-	withDriverHost(t, root, cache)
+	return gpudriver.Options{Root: root, Cache: cache}
 }
 
 // TestJobDriver: a --rootfs job with an NVIDIA GPU gets the fixture host's
@@ -44,11 +36,10 @@ func fixtureDriverHost(t *testing.T) {
 // programs. --gpu-libs=off, no GPU, or an --initrd without --gpu-libs=on
 // give none; too many binds for the ports is the user's error (2).
 func TestJobDriver(t *testing.T) {
-	fixtureDriverHost(t)
+	find := fixtureDriverHost(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	jf := &jobFlags{rootfs: "img", gpuLibs: "on"}
 	spec := &job.Spec{GPUs: 1}
-	d, err := jobDriver(jf, false, spec, 2, log)
+	d, err := jobDriver(GPULibsDefault, true, find, spec, 2, log)
 	require.NoError(t, err)
 	require.NotNil(t, d)
 	defer d.Close()
@@ -64,35 +55,35 @@ func TestJobDriver(t *testing.T) {
 	assert.True(t, d.provides("nvidia-smi"))
 	assert.False(t, d.provides("sh"))
 	assert.Equal(t, []jobproto.Mount{
-		{Port: "org.hpcvmm.9p.2", Target: "/.hpcvmm/driver/lib", ReadOnly: true, MSize: bindMSize, Cache: bindCache},
-		{Port: "org.hpcvmm.9p.3", Target: "/.hpcvmm/driver/bin", ReadOnly: true, MSize: bindMSize, Cache: bindCache},
-	}, d.mounts(2, bindMSize, bindCache))
+		{Port: "org.hpcvmm.9p.2", Target: "/.hpcvmm/driver/lib", ReadOnly: true, MSize: DefaultBindMSize, Cache: DefaultBindCache},
+		{Port: "org.hpcvmm.9p.3", Target: "/.hpcvmm/driver/bin", ReadOnly: true, MSize: DefaultBindMSize, Cache: DefaultBindCache},
+	}, d.mounts(2, DefaultBindMSize, DefaultBindCache))
 
 	var none *driverFiles
 	assert.False(t, none.provides("nvidia-smi"))
-	assert.Empty(t, none.mounts(0, bindMSize, bindCache))
+	assert.Empty(t, none.mounts(0, DefaultBindMSize, DefaultBindCache))
 	none.Close()
 	for name, c := range map[string]struct {
-		jf       jobFlags
-		explicit bool
-		gpus     uint32
+		mode  GPULibs
+		image bool
+		gpus  uint32
 	}{
-		"off":               {jobFlags{rootfs: "img", gpuLibs: "off"}, true, 1},
-		"no GPU":            {jobFlags{rootfs: "img"}, false, 0},
-		"initrd by default": {jobFlags{}, false, 1},
+		"off":               {GPULibsOff, true, 1},
+		"no GPU":            {GPULibsDefault, true, 0},
+		"initrd by default": {GPULibsDefault, false, 1},
 	} {
-		d, err := jobDriver(&c.jf, c.explicit, &job.Spec{GPUs: c.gpus}, 0, log)
+		d, err := jobDriver(c.mode, c.image, find, &job.Spec{GPUs: c.gpus}, 0, log)
 		require.NoError(t, err, name)
 		assert.Nil(t, d, name)
 	}
-	d2, err := jobDriver(&jobFlags{gpuLibs: "on"}, true, spec, 0, log)
+	d2, err := jobDriver(GPULibsOn, false, find, spec, 0, log)
 	require.NoError(t, err)
 	require.NotNil(t, d2, "--initrd with --gpu-libs=on")
 	d2.Close()
 
-	_, err = jobDriver(jf, false, spec, 9, log)
+	_, err = jobDriver(GPULibsDefault, true, find, spec, 9, log)
 	require.ErrorContains(t, err, "take 2 of the 10 ports binds share, and the job has 9 binds")
-	assert.Equal(t, exitInput, exitCode(err, exitInput))
+	assert.Equal(t, Input, classify(err, Input).Kind)
 }
 
 // TestJobDriverHostErrors: a library of another version than the loaded
@@ -105,31 +96,22 @@ func TestJobDriverHostErrors(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(root, "usr/lib/libcuda.so.580.159.04"), []byte("x"), 0o644))
 	require.NoError(t, os.Symlink("libcuda.so.580.159.04", filepath.Join(root, "usr/lib/libcuda.so.1")))
 	cache := []gpudriver.CacheEntry{{Name: "libcuda.so.1", Path: "/usr/lib/libcuda.so.1", Libc6: true, Arch: "x86-64"}}
-	withDriverHost(t, root, cache)
+	find := gpudriver.Options{Root: root, Cache: cache}
 	spec := &job.Spec{GPUs: 1}
 
-	_, err := jobDriver(&jobFlags{rootfs: "img"}, false, spec, 0, log)
+	_, err := jobDriver(GPULibsDefault, true, find, spec, 0, log)
 	require.ErrorContains(t, err, "the NVIDIA kernel module is not loaded")
-	assert.Equal(t, exitHost, exitCode(err, exitInput))
+	assert.Equal(t, Host, classify(err, Input).Kind)
 	assert.NotContains(t, err.Error(), "\n")
 
 	require.NoError(t, os.MkdirAll(filepath.Join(root, "sys/module/nvidia"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(root, "sys/module/nvidia/version"), []byte("535.104.05\n"), 0o444))
-	_, err = jobDriver(&jobFlags{rootfs: "img"}, false, spec, 0, log)
+	_, err = jobDriver(GPULibsDefault, true, find, spec, 0, log)
 	var me *gpudriver.MismatchError
 	require.True(t, errors.As(err, &me), "%v", err)
-	assert.Equal(t, exitHost, exitCode(err, exitInput))
+	assert.Equal(t, Host, classify(err, Input).Kind)
 	msg := err.Error()
 	assert.NotContains(t, msg, "\n")
 	assert.Contains(t, msg, "module is version 535.104.05 but its libraries are version 580.159.04")
 	assert.Contains(t, msg, "--gpu-libs=off")
-}
-
-func TestGPULibsFlag(t *testing.T) {
-	img := t.TempDir()
-	kernel := filepath.Join(t.TempDir(), "bzImage")
-	require.NoError(t, os.WriteFile(kernel, []byte("not read"), 0o644))
-	code, _, errOut := hpcvmm("run", "--kernel", kernel, "--rootfs", img, "--gpu-libs", "maybe", "--", "sh")
-	assert.Equal(t, 2, code, errOut)
-	assert.Contains(t, errOut, `"maybe": give on or off`)
 }

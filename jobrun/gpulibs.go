@@ -1,4 +1,4 @@
-package main
+package jobrun
 
 import (
 	"errors"
@@ -22,17 +22,6 @@ import (
 // a flat directory (ninep.FileSet: no copy in guest RAM, nothing else of
 // the host's directories), mounted by the agent at jobproto.DriverLibDir
 // and DriverBinDir and appended to COMMAND's LD_LIBRARY_PATH and PATH.
-
-// gpuLibsModes are --gpu-libs's values.
-var gpuLibsModes = []string{"on", "off"}
-
-// gpuDriverRoot is the host root gpudriver.Find reads beneath ("/"; a
-// fixture tree in tests) and gpuDriverCache the loader cache's entries it
-// takes (nil: the root's /etc/ld.so.cache).
-var (
-	gpuDriverRoot  = "/"
-	gpuDriverCache []gpudriver.CacheEntry
-)
 
 // driverFiles is the driver's user space opened for a job: one file set
 // for the libraries, one for the programs (nil when none were found).
@@ -77,25 +66,30 @@ func (d *driverFiles) mounts(first int, msize uint32, cache string) []jobproto.M
 }
 
 // jobDriver opens the host driver's user space for a job with NVIDIA
-// GPUs (spec.GPUs), unless --gpu-libs=off or an --initrd of one's own
-// (whose initramfs may lack the 9P client) without --gpu-libs=on. A
+// GPUs (spec.GPUs), unless GPULibsOff or an --initrd of one's own (no
+// image: its initramfs may lack the 9P client) without GPULibsOn. A
 // library of another version than the kernel module (gpudriver's
-// MismatchError) or no module loaded is the host's fault: a hostError
-// (exit 3), before boot. binds is how many binds the job has: both share
-// the console's ports.
-func jobDriver(jf *jobFlags, explicit bool, spec *job.Spec, nbinds int, log *slog.Logger) (*driverFiles, error) {
-	if spec.GPUs == 0 || jf.gpuLibs == "off" || jf.rootfs == "" && !explicit {
+// MismatchError) or no module loaded is the host's fault (Host, exit 3),
+// before boot. nbinds is how many binds the job has: both share the
+// console's ports. find says where the driver is looked up (Request's
+// DriverRoot and DriverCache).
+func jobDriver(mode GPULibs, image bool, find gpudriver.Options, spec *job.Spec, nbinds int, log *slog.Logger) (*driverFiles, error) {
+	if spec.GPUs == 0 || mode == GPULibsOff || !image && mode != GPULibsOn {
 		return nil, nil
 	}
-	drv, err := gpudriver.Find(gpudriver.Options{Root: gpuDriverRoot, Cache: gpuDriverCache})
+	drv, err := gpudriver.Find(find)
 	if err != nil {
 		var me *gpudriver.MismatchError
 		if errors.As(err, &me) {
-			return nil, hostError{fmt.Errorf("--gpu-libs: %w (or run with --gpu-libs=off and the image's own)", err)}
+			return nil, errorf(Host, "--gpu-libs: %w (or run with --gpu-libs=off and the image's own)", err)
 		}
-		return nil, hostError{fmt.Errorf("--gpu-libs: the host NVIDIA driver's libraries: %w (--gpu-libs=off runs without them)", err)}
+		return nil, errorf(Host, "--gpu-libs: the host NVIDIA driver's libraries: %w (--gpu-libs=off runs without them)", err)
 	}
-	host := func(p string) string { return filepath.Join(gpuDriverRoot, filepath.FromSlash(p)) }
+	root := find.Root
+	if root == "" {
+		root = "/"
+	}
+	host := func(p string) string { return filepath.Join(root, filepath.FromSlash(p)) }
 	var files []string
 	var links []ninep.SetLink
 	seen := map[string]bool{}
@@ -115,7 +109,7 @@ func jobDriver(jf *jobFlags, explicit bool, spec *job.Spec, nbinds int, log *slo
 	}
 	d := &driverFiles{version: drv.Version}
 	if d.lib, err = ninep.OpenFileSet(files, links); err != nil {
-		return nil, hostError{fmt.Errorf("--gpu-libs: the host NVIDIA driver's libraries: %w", err)}
+		return nil, errorf(Host, "--gpu-libs: the host NVIDIA driver's libraries: %w", err)
 	}
 	if len(drv.Binaries) > 0 {
 		var bins []string
@@ -124,7 +118,7 @@ func jobDriver(jf *jobFlags, explicit bool, spec *job.Spec, nbinds int, log *slo
 		}
 		if d.bin, err = ninep.OpenFileSet(bins, nil); err != nil {
 			d.Close()
-			return nil, hostError{fmt.Errorf("--gpu-libs: the host NVIDIA driver's programs: %w", err)}
+			return nil, errorf(Host, "--gpu-libs: the host NVIDIA driver's programs: %w", err)
 		}
 	}
 	if n := nbinds + len(d.sets()); n > binds.MaxBinds {

@@ -1,9 +1,6 @@
-package main
+package jobrun
 
 import (
-	"bytes"
-	"debug/elf"
-	"encoding/binary"
 	"errors"
 	"io"
 	"log/slog"
@@ -17,25 +14,10 @@ import (
 
 	"github.com/hpcvmm/hpcvmm/gpudriver"
 	"github.com/hpcvmm/hpcvmm/initramfs"
+	"github.com/hpcvmm/hpcvmm/jobrun/jobruntest"
 	"github.com/hpcvmm/hpcvmm/kmodules"
 	"github.com/hpcvmm/hpcvmm/rootfs"
 )
-
-// staticAgent writes a minimal static x86-64 ELF executable (one PT_LOAD),
-// which initramfs.CheckAgent accepts as the agent.
-func staticAgent(t *testing.T) string {
-	var b bytes.Buffer
-	le := binary.LittleEndian
-	h := elf.Header64{Type: uint16(elf.ET_EXEC), Machine: uint16(elf.EM_X86_64), Version: 1, Entry: 0x78,
-		Phoff: 64, Ehsize: 64, Phentsize: 56, Phnum: 1, Shentsize: 64}
-	copy(h.Ident[:], []byte{0x7f, 'E', 'L', 'F', 2, 1, 1})
-	require.NoError(t, binary.Write(&b, le, h))
-	require.NoError(t, binary.Write(&b, le, elf.Prog64{Type: uint32(elf.PT_LOAD), Flags: 5, Filesz: 120, Memsz: 120, Align: 1}))
-	p := filepath.Join(t.TempDir(), "hpcvmm")
-	require.NoError(t, os.WriteFile(p, b.Bytes(), 0o755))
-	require.NoError(t, initramfs.CheckAgent(p))
-	return p
-}
 
 // moduleJob is the initramfs config of a job with --module user on the
 // kmodules fixture's kernel (6.1.0-test), whose tree has no power-button
@@ -47,12 +29,12 @@ func moduleJob(t *testing.T, hostModules string, user ...string) initramfs.Confi
 	im, err := rootfs.Open(img)
 	require.NoError(t, err)
 	t.Cleanup(func() { im.Close() })
-	return initramfs.Config{Image: im, Agent: staticAgent(t), Release: "6.1.0-test", HostModules: hostModules,
+	return initramfs.Config{Image: im, Agent: jobruntest.Agent(t), Release: "6.1.0-test", HostModules: hostModules,
 		Modules: jobModules(false, user), CacheDir: t.TempDir()}
 }
 
 func fixtureModuleTree(t *testing.T) string {
-	p, err := filepath.Abs("../../kmodules/testdata/lib/modules")
+	p, err := filepath.Abs("../kmodules/testdata/lib/modules")
 	require.NoError(t, err)
 	return p
 }
@@ -91,24 +73,6 @@ func TestModuleFlag(t *testing.T) {
 	require.NoError(t, checkModuleSource(res, nil, "6.1.0-test"))
 }
 
-func TestModuleFlagInputErrors(t *testing.T) {
-	img := t.TempDir()
-	kernel := filepath.Join(t.TempDir(), "bzImage")
-	require.NoError(t, os.WriteFile(kernel, []byte("not read"), 0o644))
-	for _, c := range []struct {
-		args []string
-		want string
-	}{
-		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--module", "fs/nfs/nfs.ko", "--", "sh"}, `module name "fs/nfs/nfs.ko" holds "/"`},
-		{[]string{"run", "--kernel", kernel, "--initrd", kernel, "--module", "nfs", "--", "sh"}, "--module nfs needs --rootfs IMAGE"},
-		{[]string{"run", "--kernel", kernel, "--module", "nfs"}, "--module without a COMMAND"},
-	} {
-		code, _, errOut := hpcvmm(c.args...)
-		assert.Equal(t, 2, code, "%v: %s", c.args, errOut)
-		assert.Contains(t, errOut, c.want, "%v", c.args)
-	}
-}
-
 // TestGPUModules: a job passing an NVIDIA GPU loads gpudriver's module set
 // from the host's tree (nvidia and nvidia_uvm from updates/dkms,
 // nvidia_modeset where present, never nouveau); a kernel without nvidia
@@ -118,7 +82,7 @@ func TestModuleFlagInputErrors(t *testing.T) {
 func TestGPUModules(t *testing.T) {
 	const h100 = "pci:v000010DEd00002330sv000010DEsd000016C1bc03sc02i00"
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	gpuTree, err := filepath.Abs("../../gpudriver/testdata/host/usr/lib/modules")
+	gpuTree, err := filepath.Abs("../gpudriver/testdata/host/usr/lib/modules")
 	require.NoError(t, err)
 	// The GPU tree has no virtio modules (its kernel would have them
 	// built in): only the device's modules are asked for.
@@ -144,10 +108,10 @@ func TestGPUModules(t *testing.T) {
 	require.NotContains(t, msg, "\n")
 	assert.True(t, strings.HasPrefix(msg, "--gpu/--vf: the passed-through device needs module nvidia, which kernel 6.1.0-test lacks"), msg)
 	assert.Contains(t, msg, "DKMS")
-	assert.Equal(t, exitHost, de.exitCode())
+	assert.Equal(t, Host, de.kind())
 
 	img := &deviceModuleError{&kmodules.UnknownModuleError{Name: "nvidia", Release: "6.1.0-test", Where: "image:/lib/modules/6.1.0-test"}}
-	assert.Equal(t, exitInput, img.exitCode())
+	assert.Equal(t, Input, img.kind())
 	assert.Contains(t, img.Error(), "IMAGE's /lib/modules/6.1.0-test")
 
 	cfg = gpuJob(t.TempDir(), "6.1.0-test")
@@ -155,7 +119,7 @@ func TestGPUModules(t *testing.T) {
 	require.NoError(t, err, "no module tree: the build itself succeeds")
 	err = checkDeviceModuleSource(res, cfg)
 	require.ErrorContains(t, err, "needs module nvidia, but kernel 6.1.0-test has no modules directory")
-	assert.Equal(t, exitHost, exitCode(err, 2))
+	assert.Equal(t, Host, classify(err, Input).Kind)
 
 	cfg.Modaliases = nil
 	require.NoError(t, checkDeviceModuleSource(res, cfg), "no GPU, no need")
