@@ -72,9 +72,10 @@ func (r *runner) prepareRootfs(check func(*rootfs.Image) error) (string, error) 
 	}
 	res := hit
 	if res == nil {
-		if res, err = buildJobInitrd(cfg, r.req.Modules, log); err != nil {
+		if res, err = buildJobInitrd(cfg, r.req.Modules, r.cfg.ActingFor, log); err != nil {
 			var me *moduleError
-			if errors.As(err, &me) {
+			var ae *agentError
+			if errors.As(err, &me) || errors.As(err, &ae) {
 				return "", &Error{Kind: Input, Err: err}
 			}
 			var de *deviceModuleError

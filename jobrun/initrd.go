@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hpcvmm/hpcvmm/asuser"
 	"github.com/hpcvmm/hpcvmm/gpudriver"
 	"github.com/hpcvmm/hpcvmm/initramfs"
 	"github.com/hpcvmm/hpcvmm/kmodules"
@@ -139,8 +140,22 @@ func (e *moduleError) Error() string {
 		e.err.Name, e.err.Release, e.err.Name, e.err.Where)
 }
 
-// buildJobInitrd builds IMAGE's initramfs into the cache (adaptModules).
-func buildJobInitrd(cfg initramfs.Config, user []string, log *slog.Logger) (*initramfs.Result, error) {
+// agentError is an agent that CheckAgent refused: the request's fault.
+type agentError struct{ err error }
+
+func (e *agentError) Error() string { return e.err.Error() }
+func (e *agentError) Unwrap() error { return e.err }
+
+// buildJobInitrd builds IMAGE's initramfs into the cache (adaptModules),
+// once CheckAgent (with the rights of acting, nil: hpcvmm's own) has
+// taken the agent it packs: a program that is no agent would boot as a
+// PID 1 that never answers (an *agentError). A cache hit skips both: its
+// key holds the agent's SHA-256, so the same bytes passed when the entry
+// was built.
+func buildJobInitrd(cfg initramfs.Config, user []string, acting *asuser.User, log *slog.Logger) (*initramfs.Result, error) {
+	if err := CheckAgent(cfg.Agent, acting); err != nil {
+		return nil, &agentError{err}
+	}
 	var res *initramfs.Result
 	_, err := adaptModules(cfg, user, log, func(c initramfs.Config) (err error) {
 		res, err = initramfs.Build(c)

@@ -190,7 +190,9 @@ const (
 	NotExecutable
 )
 
-// Error is why a job could not run: one line, and who is at fault.
+// Error is why a job could not run, and who is at fault: one line, or for
+// a host that cannot run the VM vmm's report (each failed check with its
+// fix).
 type Error struct {
 	Kind Kind
 	// FromVMM says Err is package vmm's (vmm.CheckHost, vmm.New) about

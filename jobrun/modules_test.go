@@ -29,7 +29,7 @@ func moduleJob(t *testing.T, hostModules string, user ...string) initramfs.Confi
 	im, err := rootfs.Open(img)
 	require.NoError(t, err)
 	t.Cleanup(func() { im.Close() })
-	return initramfs.Config{Image: im, Agent: jobruntest.Agent(t), Release: "6.1.0-test", HostModules: hostModules,
+	return initramfs.Config{Image: im, Agent: jobruntest.Agent(t, ProbeAnswer()), Release: "6.1.0-test", HostModules: hostModules,
 		Modules: jobModules(false, user), CacheDir: t.TempDir()}
 }
 
@@ -45,13 +45,13 @@ func fixtureModuleTree(t *testing.T) string {
 // any module tree cannot load one.
 func TestModuleFlag(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	res, err := buildJobInitrd(moduleJob(t, fixtureModuleTree(t), "uas"), []string{"uas"}, log)
+	res, err := buildJobInitrd(moduleJob(t, fixtureModuleTree(t), "uas"), []string{"uas"}, nil, log)
 	require.NoError(t, err)
 	require.Equal(t, []string{"usb_storage", "uas"}, res.Modules[len(res.Modules)-2:])
 	require.Contains(t, res.Modules, "virtio_net", "the defaults stay")
 	require.NoError(t, checkModuleSource(res, []string{"uas"}, "6.1.0-test"))
 
-	_, err = buildJobInitrd(moduleJob(t, fixtureModuleTree(t), "uas", "rdma_rxe"), []string{"uas", "rdma_rxe"}, log)
+	_, err = buildJobInitrd(moduleJob(t, fixtureModuleTree(t), "uas", "rdma_rxe"), []string{"uas", "rdma_rxe"}, nil, log)
 	var me *moduleError
 	require.ErrorAs(t, err, &me)
 	msg := err.Error()
@@ -61,12 +61,12 @@ func TestModuleFlag(t *testing.T) {
 
 	// The defaults' fallbacks still apply: a missing default module is not
 	// the user's error.
-	_, err = buildJobInitrd(moduleJob(t, fixtureModuleTree(t), "nosuch"), nil, log)
+	_, err = buildJobInitrd(moduleJob(t, fixtureModuleTree(t), "nosuch"), nil, nil, log)
 	require.False(t, errors.As(err, &me), "nosuch is not the user's here: %v", err)
 	var unknown *kmodules.UnknownModuleError
 	require.ErrorAs(t, err, &unknown)
 
-	res, err = buildJobInitrd(moduleJob(t, t.TempDir(), "uas"), []string{"uas"}, log)
+	res, err = buildJobInitrd(moduleJob(t, t.TempDir(), "uas"), []string{"uas"}, nil, log)
 	require.NoError(t, err, "no module tree: the build itself succeeds")
 	require.Empty(t, res.ModuleSource)
 	require.ErrorContains(t, checkModuleSource(res, []string{"uas"}, "6.1.0-test"), "--module uas: kernel 6.1.0-test has no modules directory")
@@ -95,13 +95,13 @@ func TestGPUModules(t *testing.T) {
 		return cfg
 	}
 	cfg := gpuJob(gpuTree, "6.18.44-fc-v657-gpu")
-	res, err := buildJobInitrd(cfg, nil, log)
+	res, err := buildJobInitrd(cfg, nil, nil, log)
 	require.NoError(t, err)
 	require.Equal(t, []string{"nvidia", "nvidia_uvm", "nvidia_modeset"}, res.Modules, "no nouveau")
 	require.NoError(t, checkDeviceModuleSource(res, cfg))
 
 	cfg = gpuJob(fixtureModuleTree(t), "6.1.0-test")
-	_, err = buildJobInitrd(cfg, nil, log)
+	_, err = buildJobInitrd(cfg, nil, nil, log)
 	var de *deviceModuleError
 	require.ErrorAs(t, err, &de)
 	msg := err.Error()
@@ -115,7 +115,7 @@ func TestGPUModules(t *testing.T) {
 	assert.Contains(t, img.Error(), "IMAGE's /lib/modules/6.1.0-test")
 
 	cfg = gpuJob(t.TempDir(), "6.1.0-test")
-	res, err = buildJobInitrd(cfg, nil, log)
+	res, err = buildJobInitrd(cfg, nil, nil, log)
 	require.NoError(t, err, "no module tree: the build itself succeeds")
 	err = checkDeviceModuleSource(res, cfg)
 	require.ErrorContains(t, err, "needs module nvidia, but kernel 6.1.0-test has no modules directory")

@@ -112,11 +112,12 @@ func (r *runner) preparePMEM(file *os.File, im *imagefile.Image) (string, error)
 	}
 	cfg.Modules = append(cfg.Modules, pmemModules(im.FSType)...)
 	t0 := time.Now()
-	res, err := lookupOrBuild(cfg, r.req.Modules, log)
+	res, err := lookupOrBuild(cfg, r.req.Modules, r.cfg.ActingFor, log)
 	var me *moduleError
+	var ae *agentError
 	var unknown *kmodules.UnknownModuleError
 	switch {
-	case errors.As(err, &me):
+	case errors.As(err, &me), errors.As(err, &ae):
 		return "", &Error{Kind: Input, Err: err}
 	case errors.As(err, &unknown):
 		return "", errorf(Input, "--rootfs %s: kernel %s has no module %s (neither in %s/modules.dep nor built in), which a %s IMAGE mapped as persistent memory needs: boot a kernel that has it (--kernel)",
@@ -153,7 +154,7 @@ func emptyTree() (*rootfs.Image, func(), error) {
 
 // lookupOrBuild returns the cached initramfs of cfg, or builds it
 // (buildJobInitrd, which drops the optional modules the kernel lacks).
-func lookupOrBuild(cfg initramfs.Config, user []string, log *slog.Logger) (*initramfs.Result, error) {
+func lookupOrBuild(cfg initramfs.Config, user []string, acting *asuser.User, log *slog.Logger) (*initramfs.Result, error) {
 	res, err := initramfs.Lookup(cfg)
 	if err != nil {
 		log.Debug("job: initramfs cache lookup", "err", err)
@@ -161,5 +162,5 @@ func lookupOrBuild(cfg initramfs.Config, user []string, log *slog.Logger) (*init
 	if res != nil {
 		return res, nil
 	}
-	return buildJobInitrd(cfg, user, log)
+	return buildJobInitrd(cfg, user, acting, log)
 }

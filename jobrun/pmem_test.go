@@ -54,7 +54,7 @@ func pmemModuleTree(t *testing.T) string {
 // lack, named.
 func TestPMEMInitrd(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	agentBin, cache, mods := jobruntest.Agent(t), t.TempDir(), pmemModuleTree(t)
+	agentBin, cache, mods := jobruntest.Agent(t, ProbeAnswer()), t.TempDir(), pmemModuleTree(t)
 	config := func(fs imagefile.FSType) (initramfs.Config, func()) {
 		tree, cleanup, err := emptyTree()
 		require.NoError(t, err)
@@ -62,7 +62,7 @@ func TestPMEMInitrd(t *testing.T) {
 			Modules: append(jobModules(false, nil), pmemModules(fs)...), CacheDir: cache, GuestMemory: 256 << 20}, cleanup
 	}
 	cfg, cleanup := config(imagefile.SquashFS)
-	res, err := lookupOrBuild(cfg, nil, log)
+	res, err := lookupOrBuild(cfg, nil, nil, log)
 	cleanup()
 	require.NoError(t, err)
 	require.False(t, res.Hit)
@@ -82,14 +82,14 @@ func TestPMEMInitrd(t *testing.T) {
 
 	again, cleanup := config(imagefile.SquashFS)
 	defer cleanup()
-	hit, err := lookupOrBuild(again, nil, log)
+	hit, err := lookupOrBuild(again, nil, nil, log)
 	require.NoError(t, err)
 	assert.True(t, hit.Hit, "the next launch, of any image, hits")
 	assert.Equal(t, res.Key, hit.Key)
 
 	ero, cleanup2 := config(imagefile.EROFS)
 	defer cleanup2()
-	_, err = lookupOrBuild(ero, nil, log)
+	_, err = lookupOrBuild(ero, nil, nil, log)
 	var unknown *kmodules.UnknownModuleError
 	require.ErrorAs(t, err, &unknown, "the fixture kernel has no erofs")
 	assert.Equal(t, "erofs", unknown.Name)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hpcvmm/hpcvmm/host/hosttest"
 	"github.com/hpcvmm/hpcvmm/jobproto"
+	"github.com/hpcvmm/hpcvmm/jobrun"
 	"github.com/hpcvmm/hpcvmm/jobrun/jobruntest"
 )
 
@@ -206,7 +207,7 @@ func TestJobOnRefusedHostReadsNoImage(t *testing.T) {
 // test: the test binary itself may be dynamically linked.
 func useStaticAgent(t *testing.T) string {
 	old := jobAgent
-	jobAgent = jobruntest.Agent(t)
+	jobAgent = jobruntest.Agent(t, jobrun.ProbeAnswer())
 	t.Cleanup(func() { jobAgent = old })
 	return jobAgent
 }

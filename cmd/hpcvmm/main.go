@@ -30,33 +30,24 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"time"
 
-	"github.com/hpcvmm/hpcvmm/agent"
-	"github.com/hpcvmm/hpcvmm/ninep"
+	"github.com/hpcvmm/hpcvmm/jobrun"
 )
-
-// agentName is the name under which this binary is the guest agent.
-const agentName = "hpcvmm-agent"
 
 // processStart approximates the process start for the start-to-first-
 // KVM_RUN figure: package initialisation runs before main.
 var processStart = time.Now()
 
 func main() {
-	// The guest agent is this binary too: the job initramfs holds it as
-	// /.hpcvmm/hpcvmm-agent and the kernel starts it as init (rdinit=).
-	if filepath.Base(os.Args[0]) == agentName {
-		agent.Main()
-	}
-	// So is the 9P file server of -B binds, a child of hpcvmm run
-	// (ninep.Spawn) under its own seccomp list.
-	if filepath.Base(os.Args[0]) == ninep.ChildName {
-		os.Exit(ninep.ChildMain())
-	}
+	// The guest agent is this binary too (the job initramfs holds it as
+	// /.hpcvmm/hpcvmm-agent and the kernel starts it as init, rdinit=),
+	// and so is the 9P file server of -B binds, a child of hpcvmm run
+	// (ninep.Spawn) under its own seccomp list: jobrun.Dispatch, as in any
+	// program that is its jobs' agent.
+	jobrun.Dispatch()
 	os.Exit(dispatch(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
