@@ -2,6 +2,9 @@ package jobrun
 
 import (
 	"bytes"
+	"os"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -49,4 +52,16 @@ func TestBindTuning(t *testing.T) {
 		_, _, err := tuning(&bad)
 		assert.Error(t, err, "%+v", bad)
 	}
+}
+
+// TestExampleIsShort: the compiled example runs a job in under 25 lines
+// (issue 35: the smallest program was 67 before jobrun).
+func TestExampleIsShort(t *testing.T) {
+	b, err := os.ReadFile("example_test.go")
+	require.NoError(t, err)
+	body := regexp.MustCompile(`(?ms)^func Example\(\) \{\n.*?^\}\n`).Find(b)
+	require.NotNil(t, body, "example_test.go has func Example")
+	lines := strings.Count(string(body), "\n")
+	assert.Less(t, lines, 25, "%s", body)
+	assert.Contains(t, string(body), "jobrun.Run(", "through the one call")
 }
