@@ -96,8 +96,9 @@ func (r *runner) prepareRootfs(check func(*rootfs.Image) error) (string, error) 
 }
 
 // lookCommand looks COMMAND up in IMAGE as the guest will, in the PATH of
-// its environment: not found (127) or not executable (126) before boot.
-// One of the host driver's programs (--gpu-libs) need not be in IMAGE.
+// its environment, and a dynamic COMMAND's ELF interpreter as the kernel
+// will: not found (127) or not executable (126) before boot. One of the
+// host driver's programs (--gpu-libs) need not be in IMAGE.
 func (r *runner) lookCommand(im *rootfs.Image) error {
 	image, argv0 := r.req.Image, r.spec.Argv[0]
 	path := agent.DefaultPath
@@ -106,16 +107,58 @@ func (r *runner) lookCommand(im *rootfs.Image) error {
 			path = v
 		}
 	}
-	if _, err := im.LookPath(argv0, path); err != nil && !r.driver.provides(argv0) {
-		kind := NotFound
-		if errors.Is(err, rootfs.ErrNotExecutable) {
-			kind = NotExecutable
-		} else if !errors.Is(err, rootfs.ErrNotFound) {
-			kind = Input
+	found, err := im.LookPath(argv0, path)
+	if err != nil {
+		if r.driver.provides(argv0) {
+			return nil
 		}
-		return errorf(kind, "--rootfs %s: %s", image, imageError(image, err))
+		return errorf(lookupKind(err), "--rootfs %s: %s", image, imageError(image, err))
+	}
+	interp, err := im.Interp(found)
+	if err != nil || !strings.HasPrefix(interp, "/") {
+		// None (a static COMMAND, a script), or one the kernel looks up
+		// relative to the working directory: the guest says.
+		if err != nil {
+			r.log.Debug("job: COMMAND's ELF interpreter not read; the guest reports a missing one", "command", found, "err", err)
+		}
+		return nil
+	}
+	// execve fails with ENOENT without the interpreter, as for a missing
+	// COMMAND; the kernel opens it as it opens COMMAND (a regular file
+	// with an execute bit, symbolic links followed in the guest's root).
+	if _, err := im.LookPath(interp, ""); err != nil {
+		kind := lookupKind(err)
+		what := "is not in the image"
+		switch kind {
+		case NotExecutable:
+			what = "is in the image but not executable (not a regular file with an execute bit)"
+		case Input:
+			what = "cannot be looked up: " + imageError(image, err)
+		}
+		return errorf(kind, "--rootfs %s: command %s is dynamically linked and its ELF interpreter %s %s: add the C library it was built against to IMAGE, or build %s static",
+			image, commandName(argv0, found), interp, what, argv0)
 	}
 	return nil
+}
+
+// lookupKind is who is at fault when rootfs.LookPath fails.
+func lookupKind(err error) Kind {
+	switch {
+	case errors.Is(err, rootfs.ErrNotExecutable):
+		return NotExecutable
+	case errors.Is(err, rootfs.ErrNotFound):
+		return NotFound
+	}
+	return Input
+}
+
+// commandName is COMMAND as the user gave it and, when looked up in PATH,
+// where it was found: "sh (/bin/sh)".
+func commandName(argv0, found string) string {
+	if argv0 == found || strings.Contains(argv0, "/") {
+		return argv0
+	}
+	return argv0 + " (" + found + ")"
 }
 
 // imageError is err about IMAGE without the package and IMAGE it names

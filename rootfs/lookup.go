@@ -92,27 +92,45 @@ func (im *Image) buildIndex() error {
 		return im.idxErr
 	}
 	ix := newIndexer()
-	err := im.walk(func(e *Entry, _ io.Reader) error {
+	err := im.walk(func(e *Entry, content io.Reader) error {
 		ix.add(e)
+		if content != nil && isExecutable(e) {
+			ix.sp.reset(content)
+			ix.noteInterp(e)
+		}
 		return nil
 	})
 	if err != nil {
 		im.idxErr = err
 		return err
 	}
-	im.idx, im.usage = ix.idx, ix.usage
+	im.idx, im.interp, im.usage = ix.idx, ix.interp, ix.usage
 	return nil
 }
 
-// indexer collects the metadata of a walk.
+// indexer collects the metadata of a walk, and the ELF interpreter of
+// each executable (read through sp: its headers only).
 type indexer struct {
-	idx   map[string]*Entry
-	usage Usage
+	idx    map[string]*Entry
+	interp map[string]string
+	usage  Usage
+	sp     streamPrefix
+	er     elfReader
 }
 
-func newIndexer() *indexer { return &indexer{idx: map[string]*Entry{}} }
+func newIndexer() *indexer {
+	return &indexer{idx: map[string]*Entry{}, interp: map[string]string{}}
+}
+
+// noteInterp records the interpreter of e, whose content sp reads.
+func (ix *indexer) noteInterp(e *Entry) {
+	if s := ix.er.interp(&ix.sp); s != "" {
+		ix.interp[e.Name] = s
+	}
+}
 
 func (ix *indexer) add(e *Entry) {
+	delete(ix.interp, e.Name) // a later entry of the name replaces the file
 	c := *e
 	size := c.Size
 	if c.Hardlink {

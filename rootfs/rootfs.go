@@ -91,6 +91,7 @@ type Image struct {
 	cfgDigest v1.Hash
 
 	idx    map[string]*Entry // FormatTar and container images: metadata of every entry, built once
+	interp map[string]string // with idx: the ELF interpreter of each executable that has one (Interp)
 	idxErr error
 	usage  Usage
 }
@@ -252,10 +253,20 @@ func (im *Image) Walk(fn func(e *Entry, content io.Reader) error) error {
 	ix := newIndexer()
 	err := im.walk(func(e *Entry, content io.Reader) error {
 		ix.add(e)
-		return fn(e, content)
+		if content == nil || !isExecutable(e) {
+			return fn(e, content)
+		}
+		// An executable's start is kept as fn reads it, for its ELF
+		// interpreter.
+		ix.sp.reset(content)
+		if err := fn(e, &ix.sp); err != nil {
+			return err
+		}
+		ix.noteInterp(e)
+		return nil
 	})
 	if err == nil && im.idx == nil {
-		im.idx, im.usage = ix.idx, ix.usage
+		im.idx, im.interp, im.usage = ix.idx, ix.interp, ix.usage
 	}
 	return err
 }

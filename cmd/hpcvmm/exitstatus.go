@@ -75,7 +75,7 @@ var exitTable = []exitRow{
 		"run": "a job: the VM or the agent failed (a kernel panic, a triple fault, an agent error), with the reason",
 	}},
 	{fmt.Sprintf("%d, %d", jobproto.CodeNotExecutable, jobproto.CodeNotFound), "a job's COMMAND is not executable, not found", map[string]string{
-		"run": "a job: COMMAND not executable, not found (in IMAGE, before boot; in the guest for a SquashFS, EROFS or SIF IMAGE)",
+		"run": "a job: COMMAND (or a dynamic COMMAND's ELF interpreter) not executable, not found (in IMAGE, before boot; in the guest for a SquashFS, EROFS or SIF IMAGE)",
 	}},
 	{"other", "a job's COMMAND's own status (128+N: killed by signal N)", map[string]string{
 		"run": "a job: COMMAND's own status, 128+N when signal N killed it",

@@ -15,6 +15,9 @@ func TestJobInputErrors(t *testing.T) {
 	require.NoError(t, os.MkdirAll(filepath.Join(img, "bin"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(img, "bin/sh"), []byte("#!/bin/sh\n"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(img, "bin/data"), []byte("x"), 0o644))
+	dyn, err := os.ReadFile("/bin/true") // dynamic, and IMAGE has no C library
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(img, "bin/dyn"), dyn, 0o755))
 	kernel := filepath.Join(t.TempDir(), "bzImage")
 	require.NoError(t, os.WriteFile(kernel, []byte("not checked before the image"), 0o644))
 	for _, c := range []struct {
@@ -29,6 +32,7 @@ func TestJobInputErrors(t *testing.T) {
 		{[]string{"run", "--kernel", kernel, "--rootfs", filepath.Join(img, "absent"), "--", "sh"}, 2, []string{"--rootfs", "does not exist"}},
 		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--", "nosuch"}, 127, []string{"nosuch", "not found"}},
 		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--", "/bin/data"}, 126, []string{"/bin/data", "not executable"}},
+		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--", "dyn"}, 127, []string{"command dyn (/bin/dyn) is dynamically linked", "ELF interpreter /lib64/ld-linux-x86-64.so.2 is not in the image"}},
 		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--memory", "64M", "--", "sh"}, 2, []string{"--memory", "raise --memory"}},
 		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--user", "alice", "--", "sh"}, 2, []string{"--user alice", "numeric"}},
 		{[]string{"run", "--kernel", kernel, "--rootfs", img, "--env", "=x", "--", "sh"}, 2, []string{"--env", "KEY=VALUE"}},
