@@ -1,7 +1,8 @@
 // Package agent is hpcvmm's guest agent: PID 1 of a job's VM (docs/jobs.md).
 // hpcvmm's own static binary runs it when started as hpcvmm-agent (the
 // initramfs holds it at /.hpcvmm/hpcvmm-agent, the kernel starts it with
-// rdinit=), so there is no second program to install or keep in step.
+// rdinit=), so there is no second program to install or keep in step; so
+// does any static program whose main calls jobrun.Dispatch first.
 //
 // Main, as PID 1, mounts /proc, /sys, /dev (devtmpfs), /dev/pts, /dev/shm
 // and /tmp, loads the modules /.hpcvmm/modules lists, switches root to

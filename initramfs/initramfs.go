@@ -5,9 +5,10 @@
 //   - IMAGE's flattened tree (package rootfs), owners and modes as IMAGE
 //     has them, every time stamp 0 (archives are reproducible: the same
 //     inputs give the same bytes);
-//   - the guest agent at AgentPath: hpcvmm's own binary (the caller passes
-//     os.Executable()), which must be static, since IMAGE's libc (if any)
-//     is not hpcvmm's; the kernel starts it with rdinit=;
+//   - the guest agent at AgentPath: hpcvmm's own binary, or a program that
+//     calls jobrun.Dispatch first (jobrun passes Request.Agent, which
+//     jobrun.CheckAgent has asked), which must be static, since IMAGE's
+//     libc (if any) is not hpcvmm's; the kernel starts it with rdinit=;
 //   - the kernel modules the guest needs (package kmodules) under
 //     /lib/modules/RELEASE/..., and ModulesList naming them in load order;
 //   - the firmware those modules name that the host has (an NVIDIA GPU's
@@ -70,7 +71,9 @@ const (
 type Config struct {
 	// Image is the job's root file system.
 	Image *rootfs.Image
-	// Agent is hpcvmm's own binary (os.Executable()), statically linked.
+	// Agent is the agent's binary, statically linked: hpcvmm's own
+	// (os.Executable()) or a program that calls jobrun.Dispatch first
+	// (package jobrun checks that before it builds).
 	Agent string
 	// Release is the guest kernel's release (boot.Kernel.Release).
 	Release string

@@ -239,6 +239,9 @@ func Run(ctx context.Context, req Request) (Result, error) {
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
+	if req.PMI != nil {
+		r.closers = append(r.closers, func() { req.PMI.Conn.Close() })
+	}
 	defer r.close()
 	st, err := r.run(ctx)
 	if err != nil {
@@ -337,9 +340,6 @@ func (r *runner) validate() error {
 	}
 	if r.spec.Hostname == "" {
 		r.spec.Hostname, _ = os.Hostname()
-	}
-	if req.PMI != nil {
-		r.closers = append(r.closers, func() { req.PMI.Conn.Close() })
 	}
 	return nil
 }

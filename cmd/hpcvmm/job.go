@@ -281,10 +281,19 @@ func jobRequest(c *command, f *runFlags, jf *jobFlags, argv []string) (jobrun.Re
 	if err != nil {
 		return jobrun.Request{}, err
 	}
+	var user *jobrun.User
+	if jf.user != "" {
+		uid, gid, err := parseUser(jf.user)
+		if err != nil {
+			return jobrun.Request{}, err
+		}
+		user = &jobrun.User{UID: uid, GID: gid}
+	}
 	// Under srun, COMMAND learns its place in the job as a native task
 	// does: every SLURM_* and PMI_* variable first, so --env-file and
 	// --env override them; with srun --mpi=pmi2, PMI_FD's socket is
-	// relayed into the guest (package pmi).
+	// relayed into the guest (package pmi; last: nothing else can fail
+	// with the step open, and jobrun.Run closes it).
 	step, err := pmi.FromEnv(os.Environ())
 	if err != nil {
 		return jobrun.Request{}, err
@@ -293,23 +302,13 @@ func jobRequest(c *command, f *runFlags, jf *jobFlags, argv []string) (jobrun.Re
 	cfg := f.cfg
 	cfg.StartTime = processStart
 	req := jobrun.Request{
-		Image: jf.rootfs, Argv: argv, Env: env, Workdir: jf.workdir, Hostname: jf.hostname, PMI: step, VM: cfg,
+		Image: jf.rootfs, Argv: argv, Env: env, Workdir: jf.workdir, User: user, Hostname: jf.hostname, PMI: step, VM: cfg,
 		Binds: jf.binds, NoHome: jf.noHome, NoCwd: jf.noCwd, Contain: jf.contain, BindMSize: jf.msize, BindCache: jf.cache,
 		Modules: jf.modules, Agent: jobAgent, InitramfsCache: jf.initrdCache, ShutdownTimeout: f.shutdownTimeout,
 		DriverRoot: gpuDriverRoot, DriverCache: gpuDriverCache,
 	}
 	if c.fs.Changed("gpu-libs") {
 		req.GPULibs = map[string]jobrun.GPULibs{"on": jobrun.GPULibsOn, "off": jobrun.GPULibsOff}[jf.gpuLibs]
-	}
-	if jf.user != "" {
-		uid, gid, err := parseUser(jf.user)
-		if err != nil {
-			if step != nil {
-				step.Conn.Close()
-			}
-			return jobrun.Request{}, err
-		}
-		req.User = &jobrun.User{UID: uid, GID: gid}
 	}
 	for _, g := range f.guestNets {
 		req.Interfaces = append(req.Interfaces, jobproto.Interface{MAC: g.MAC, Address: g.Address, Gateway: g.Gateway, DHCP: g.DHCP})
