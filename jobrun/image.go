@@ -82,6 +82,9 @@ func (r *runner) prepareRootfs(check func(*rootfs.Image) error) (string, error) 
 			if errors.As(err, &de) {
 				return "", &Error{Kind: de.kind(), Err: err}
 			}
+			if fe := firmwareError(err); fe != nil {
+				return "", fe
+			}
 			return "", errorf(VMFailed, "--rootfs %s: %s", image, imageError(image, err))
 		}
 	}

@@ -44,11 +44,15 @@ func jobInitrdConfig(im *rootfs.Image, r *runner) (initramfs.Config, error) {
 	dev := gpudriver.ForModaliases(aliases)
 	return initramfs.Config{
 		Image: im, Agent: self, Release: release, Modaliases: aliases,
-		Modules:     append(jobModules(r.withBinds, r.req.Modules), dev.Load...),
-		Optional:    dev.Optional,
-		Exclude:     dev.Exclude,
-		GuestMemory: int64(r.cfg.Memory),
-		CacheDir:    r.req.InitramfsCache,
+		Modules:  append(jobModules(r.withBinds, r.req.Modules), dev.Load...),
+		Optional: dev.Optional,
+		Exclude:  dev.Exclude,
+		// An NVIDIA GPU's GSP firmware: without it the guest's driver
+		// cannot start the GPU, so a host that lacks it is refused
+		// before boot (firmwareError), as `hpcvmm check` warns.
+		RequireFirmware: dev.RequireFirmware,
+		GuestMemory:     int64(r.cfg.Memory),
+		CacheDir:        r.req.InitramfsCache,
 	}, nil
 }
 
@@ -114,6 +118,17 @@ func (e *deviceModuleError) kind() Kind {
 		return Input
 	}
 	return Host
+}
+
+// firmwareError is the error of a required firmware file (an NVIDIA
+// GPU's GSP firmware) the host does not have: the host's fault (exit 3),
+// found before boot. It is nil for any other error.
+func firmwareError(err error) *Error {
+	var mf *kmodules.MissingFirmwareError
+	if !errors.As(err, &mf) {
+		return nil
+	}
+	return &Error{Kind: Host, Err: fmt.Errorf("--gpu: %w", mf)}
 }
 
 // bindModules are the kernel's 9P client over file descriptors, for a

@@ -2,6 +2,7 @@ package jobrun
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -123,4 +124,20 @@ func TestGPUModules(t *testing.T) {
 
 	cfg.Modaliases = nil
 	require.NoError(t, checkDeviceModuleSource(res, cfg), "no GPU, no need")
+}
+
+// TestFirmwareErrorIsTheHosts: a required firmware file the host lacks
+// (an NVIDIA GPU's GSP firmware), however deep the build wrapped it, is
+// the host's fault with the --gpu flag and the firmware named; any other
+// error is not one.
+func TestFirmwareErrorIsTheHosts(t *testing.T) {
+	mf := &kmodules.MissingFirmwareError{MissingFirmware: kmodules.MissingFirmware{
+		FirmwareRef: kmodules.FirmwareRef{Module: "nvidia", Name: "nvidia/580.159.04/gsp_ga10x.bin", Version: "580.159.04"}, Why: "not found"},
+		Dirs: []string{"/lib/firmware"}}
+	e := firmwareError(fmt.Errorf("initramfs: %w", mf))
+	require.NotNil(t, e)
+	assert.Equal(t, Host, e.Kind)
+	assert.Contains(t, e.Error(), "--gpu: ")
+	assert.Contains(t, e.Error(), "gsp_ga10x.bin")
+	assert.Nil(t, firmwareError(errors.New("other")))
 }

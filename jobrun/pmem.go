@@ -119,6 +119,8 @@ func (r *runner) preparePMEM(file *os.File, im *imagefile.Image) (string, error)
 	switch {
 	case errors.As(err, &me), errors.As(err, &ae):
 		return "", &Error{Kind: Input, Err: err}
+	case firmwareError(err) != nil:
+		return "", firmwareError(err)
 	case errors.As(err, &unknown):
 		return "", errorf(Input, "--rootfs %s: kernel %s has no module %s (neither in %s/modules.dep nor built in), which a %s IMAGE mapped as persistent memory needs: boot a kernel that has it (--kernel)",
 			image, unknown.Release, unknown.Name, unknown.Where, im.FSType)
