@@ -226,8 +226,8 @@ func Build(cfg Config) (*Result, error) {
 		if strings.Contains(err.Error(), "changed while hpcvmm read it") {
 			// The hash records chose a key the files do not match: the next
 			// launch hashes them again rather than failing the same way.
-			cache.forget(cfg.Image.Path())
-			cache.forget(cfg.Agent)
+			cache.Forget(cfg.Image.Path())
+			cache.Forget(cfg.Agent)
 		}
 		return nil, err
 	}
@@ -310,9 +310,9 @@ func build(cfg Config, cache *Cache, key, agentSum string) (m *meta, err error) 
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.CreateTemp(cache.dir, tempPrefix+key[:16]+"-*")
+	f, err := cache.CreateTemp(key)
 	if err != nil {
-		return nil, fmt.Errorf("initramfs: cache: %w", err)
+		return nil, err
 	}
 	tmp := f.Name()
 	defer func() {
@@ -326,7 +326,7 @@ func build(cfg Config, cache *Cache, key, agentSum string) (m *meta, err error) 
 	sum := sha256.New()
 	a := newArchive(f)
 	a.cnt.w = io.MultiWriter(a.buf, sum)
-	bound, why := cache.entryBound()
+	bound, why := cache.EntryBound()
 	a.cnt.limit, a.cnt.over = bound, func() error { return boundError(cfg.Image.Path(), "", bound, why) }
 	b := &builder{a: a, cfg: cfg, top: map[string]string{}, agentSum: agentSum, bound: bound, boundWhy: why,
 		modFiles: map[string]bool{}, modSums: map[string][sha256.Size]byte{}}
@@ -378,7 +378,7 @@ type builder struct {
 	// file of such a name the walk wrote (modules from the image only).
 	modFiles map[string]bool
 	modSums  map[string][sha256.Size]byte
-	// bound is the most bytes the archive may take (Cache.entryBound),
+	// bound is the most bytes the archive may take (filecache.Cache.EntryBound),
 	// boundWhy what sets it.
 	bound    int64
 	boundWhy string
