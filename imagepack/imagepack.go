@@ -59,7 +59,11 @@
 //	extracted tree → mkfs.erofs, lz4hc               1.9–3.9  0.831
 //
 // Streaming costs nothing measurable against mksquashfs reading the
-// extracted tree (which does not count the extraction). Reading the
+// extracted tree (which does not count the extraction); the stream
+// allocates per entry and per walk, never per chunk of content
+// (BenchmarkPack -benchmem: 45 allocations for a tar of one 16 MiB or
+// one 64 MiB file alike, the walk's and the copy's 1 MiB buffers among
+// them; 0.6–1.2 GB/s through rootfs's checked walk into io.Discard). Reading the
 // result through the kernel (BenchmarkSquashfsReads: a fresh loop mount,
 // the 400 small files in a shuffled order, 200 random 4 KiB reads of the
 // 1 MiB files): zstd-3 128 KiB 0.74–0.80 s, zstd-3 1 MiB 1.41–1.74 s,
