@@ -1,6 +1,6 @@
 // Package cachedir chooses where hpcvmm keeps its caches (the kernel
-// cache of package vmlinux, the initramfs cache of package initramfs)
-// when the user names none.
+// cache of package vmlinux, the initramfs cache of package initramfs, the
+// converted images of package imagepack) when the user names none.
 //
 // A cache is trusted: whoever writes it chooses what guests boot, and an
 // initramfs entry holds every file of a user's image. So each user has
@@ -37,12 +37,15 @@ const (
 	Kernels = "kernels"
 	// Initramfs is the initramfs cache (package initramfs).
 	Initramfs = "initramfs"
+	// Images is the cache of container images and archives converted to
+	// SquashFS (package imagepack).
+	Images = "images"
 )
 
 // Root is where root's caches live.
 const Root = "/var/cache/hpcvmm"
 
-// Default returns the cache directory of kind (Kernels or Initramfs) for
+// Default returns the cache directory of kind (Kernels, Initramfs or Images) for
 // the user hpcvmm runs as (see the package doc). It creates nothing.
 func Default(kind string) (string, error) {
 	return defaultFor(kind, os.Geteuid(), os.Getenv)
@@ -50,8 +53,8 @@ func Default(kind string) (string, error) {
 
 // defaultFor is Default for effective uid euid and environment getenv.
 func defaultFor(kind string, euid int, getenv func(string) string) (string, error) {
-	if kind != Kernels && kind != Initramfs {
-		return "", fmt.Errorf("cachedir: unknown cache kind %q: use %q or %q", kind, Kernels, Initramfs)
+	if kind != Kernels && kind != Initramfs && kind != Images {
+		return "", fmt.Errorf("cachedir: unknown cache kind %q: use %q, %q or %q", kind, Kernels, Initramfs, Images)
 	}
 	if euid == 0 {
 		u, err := asuser.Acting(getenv)

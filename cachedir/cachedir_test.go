@@ -26,6 +26,8 @@ func TestDefault(t *testing.T) {
 		{"XDG", 1000, map[string]string{"XDG_CACHE_HOME": "/x/cache/", "HOME": "/home/u"}, Initramfs, "/x/cache/hpcvmm/initramfs"},
 		{"relative XDG ignored", 1000, map[string]string{"XDG_CACHE_HOME": "cache", "HOME": "/home/u"}, Kernels, "/home/u/.cache/hpcvmm/kernels"},
 		{"HOME", 1000, map[string]string{"HOME": "/home/u"}, Initramfs, "/home/u/.cache/hpcvmm/initramfs"},
+		{"images", 1000, map[string]string{"HOME": "/home/u"}, Images, "/home/u/.cache/hpcvmm/images"},
+		{"root images", 0, nil, Images, "/var/cache/hpcvmm/images"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := defaultFor(tc.kind, tc.euid, env(tc.env))

@@ -56,13 +56,13 @@ type fwPlan struct {
 }
 
 func (c *Cache) refsPath(base string) string {
-	return filepath.Join(c.dir, refsPrefix+base+refsExt)
+	return filepath.Join(c.Dir(), refsPrefix+base+refsExt)
 }
 
 // readRefs returns the firmware names recorded for the key base, false
 // when there is no usable record.
 func (c *Cache) readRefs(base string) ([]kmodules.FirmwareRef, bool) {
-	lines := readRecord(c.refsPath(base))
+	lines := c.ReadRecord(c.refsPath(base))
 	if len(lines) == 0 || lines[0] != "firmware of "+base {
 		return nil, false
 	}
@@ -96,7 +96,7 @@ func (c *Cache) writeRefs(base string, refs []kmodules.FirmwareRef) {
 	for _, r := range refs {
 		lines = append(lines, strconv.Quote(r.Module)+" "+strconv.Quote(r.Name)+" "+strconv.Quote(r.Version))
 	}
-	c.writeRecord(c.refsPath(base), lines...)
+	c.WriteRecord(c.refsPath(base), lines...)
 }
 
 // planFirmware finds refs on the host and takes each found file's
@@ -113,7 +113,7 @@ func planFirmware(cfg Config, cache *Cache, refs []kmodules.FirmwareRef) (*fwPla
 		if err != nil {
 			return nil, fmt.Errorf("initramfs: %w", err)
 		}
-		sum, _, err := cache.openSHA256(file, hostPath(f))
+		sum, _, err := cache.OpenSHA256(file, hostPath(f))
 		file.Close()
 		if err != nil {
 			return nil, fmt.Errorf("initramfs: firmware %s: %w", hostPath(f), err)
@@ -222,7 +222,7 @@ func (b *builder) copyFirmware(f kmodules.FoundFirmware, name string, want [sha2
 	}
 	var got [sha256.Size]byte
 	if h.Sum(got[:0]); !bytes.Equal(got[:], want[:]) {
-		cache.forget(hostPath(f))
+		cache.Forget(hostPath(f))
 		return fmt.Errorf("initramfs: firmware %s changed while hpcvmm read it (SHA-256 %x, then %x): launch again", hostPath(f), want, got)
 	}
 	return nil

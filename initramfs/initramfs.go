@@ -189,8 +189,8 @@ func Build(cfg Config) (*Result, error) {
 // failing the same way.
 func forgetChanged(cfg Config, cache *Cache, err error) {
 	if strings.Contains(err.Error(), "changed while hpcvmm read it") {
-		cache.forget(cfg.Image.Path())
-		cache.forget(cfg.Agent)
+		cache.Forget(cfg.Image.Path())
+		cache.Forget(cfg.Agent)
 	}
 }
 
@@ -310,9 +310,9 @@ func build(cfg Config, e *entry) (m *meta, err error) {
 			return nil, fmt.Errorf("initramfs: the modules for kernel %s name other firmware than when hpcvmm last read them (changed while hpcvmm read it): launch again", cfg.Release)
 		}
 	}
-	f, err := os.CreateTemp(cache.dir, tempPrefix+key[:16]+"-*")
+	f, err := cache.CreateTemp(key)
 	if err != nil {
-		return nil, fmt.Errorf("initramfs: cache: %w", err)
+		return nil, err
 	}
 	tmp := f.Name()
 	defer func() {
@@ -326,7 +326,7 @@ func build(cfg Config, e *entry) (m *meta, err error) {
 	sum := sha256.New()
 	a := newArchive(f)
 	a.cnt.w = io.MultiWriter(a.buf, sum)
-	bound, why := cache.entryBound()
+	bound, why := cache.EntryBound()
 	a.cnt.limit, a.cnt.over = bound, func() error { return boundError(cfg.Image.Path(), "", bound, why) }
 	b := &builder{a: a, cfg: cfg, top: map[string]string{}, agentSum: agentSum, bound: bound, boundWhy: why,
 		modFiles: map[string]bool{}, modSums: map[string][sha256.Size]byte{}, fw: e.fw, cache: cache}
@@ -378,7 +378,7 @@ type builder struct {
 	// file of such a name the walk wrote (modules from the image only).
 	modFiles map[string]bool
 	modSums  map[string][sha256.Size]byte
-	// bound is the most bytes the archive may take (Cache.entryBound),
+	// bound is the most bytes the archive may take (filecache.Cache.EntryBound),
 	// boundWhy what sets it.
 	bound    int64
 	boundWhy string
