@@ -1,6 +1,7 @@
 package jobrun
 
 import (
+	"context"
 	"errors"
 	"os"
 	"strings"
@@ -18,7 +19,7 @@ import (
 // prepareRootfs checks IMAGE and COMMAND before boot and returns the job's
 // initramfs. A cached initramfs is looked up first: on a hit the checks
 // read nothing of an archive or container IMAGE, and nothing is built.
-func (r *runner) prepareRootfs(check func(*rootfs.Image) error) (string, error) {
+func (r *runner) prepareRootfs(ctx context.Context, check func(*rootfs.Image) error) (string, error) {
 	image, log := r.req.Image, r.log
 	im, err := rootfs.OpenAs(image, func(p string) (*os.File, error) {
 		return asuser.OpenFile(r.cfg.ActingFor, p, os.O_RDONLY|unix.O_NONBLOCK, 0)
@@ -36,6 +37,18 @@ func (r *runner) prepareRootfs(check func(*rootfs.Image) error) (string, error) 
 	if cfgErr == nil {
 		if hit, err = initramfs.Lookup(cfg); err != nil {
 			log.Debug("job: initramfs cache lookup", "err", err)
+		}
+	}
+	if r.req.ImageMode == ImageSquashFS || hit == nil && r.req.ImageMode == ImageAuto {
+		cache, conv, err := r.squashFSPlan(im)
+		if err != nil {
+			return "", err
+		}
+		if cache != nil {
+			if err := r.lookCommand(im); err != nil {
+				return "", err
+			}
+			return r.prepareConverted(ctx, im, cache, conv)
 		}
 	}
 	if err := r.lookCommand(im); err != nil {

@@ -117,6 +117,12 @@ type Request struct {
 	// InitramfsCache is the initramfs cache directory ("": the user's
 	// own, cachedir.Default).
 	InitramfsCache string
+	// ImageMode says how a directory, tar or container IMAGE reaches the
+	// guest (--rootfs-mode; the zero value is ImageAuto), ImageCache the
+	// directory of its SquashFS conversions ("": the user's own,
+	// cachedir.Default(cachedir.Images)).
+	ImageMode  ImageMode
+	ImageCache string
 
 	// Stdin, Stdout and Stderr are COMMAND's streams (nil Stdin: none).
 	// A terminal on Stdin gives COMMAND a pty of Stdout's size, in raw
@@ -270,6 +276,9 @@ type runner struct {
 	mountMSize uint32
 	mountCache string
 	closers    []func()
+	// pmemPath is the file mapped as the guest's image when it is not
+	// IMAGE itself but its conversion (prepareConverted).
+	pmemPath string
 }
 
 // close releases what the run opened, last first.
@@ -304,7 +313,7 @@ func (r *runner) run(ctx context.Context) (jobproto.Status, error) {
 		return jobproto.Status{}, classify(err, Input)
 	}
 	if r.req.Image != "" {
-		err := r.prepareImage(checkBindsInImage(r.opened))
+		err := r.prepareImage(ctx, checkBindsInImage(r.opened))
 		r.closers = append(r.closers, func() { closePMEMFile(r.cfg.PMEM.File) }) // vmm.New takes its own descriptor
 		if err != nil {
 			return jobproto.Status{}, err

@@ -1,6 +1,7 @@
 package jobrun
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"os"
@@ -63,7 +64,7 @@ func openPMEMImage(image string, as *asuser.User) (*os.File, *imagefile.Image, e
 // image) from IMAGE: a SquashFS, EROFS or SIF file takes the pmem path
 // (preparePMEM), anything else the initramfs of IMAGE's tree
 // (prepareRootfs).
-func (r *runner) prepareImage(check func(*rootfs.Image) error) error {
+func (r *runner) prepareImage(ctx context.Context, check func(*rootfs.Image) error) error {
 	image := r.req.Image
 	file, im, err := openPMEMImage(image, r.cfg.ActingFor)
 	if err != nil {
@@ -71,7 +72,7 @@ func (r *runner) prepareImage(check func(*rootfs.Image) error) error {
 	}
 	var initrd string
 	if im == nil {
-		initrd, err = r.prepareRootfs(check)
+		initrd, err = r.prepareRootfs(ctx, check)
 	} else {
 		initrd, err = r.preparePMEM(file, im)
 	}
@@ -99,7 +100,11 @@ func (r *runner) preparePMEM(file *os.File, im *imagefile.Image) (string, error)
 	if im.Signed {
 		log.Info("job: the SIF is signed; hpcvmm does not verify signatures (apptainer verify does)", "image", image)
 	}
-	r.cfg.PMEM = vmm.PMEMConfig{Path: image, File: file, Offset: im.Offset, Size: im.Size}
+	mapped := image
+	if r.pmemPath != "" {
+		mapped = r.pmemPath // IMAGE's conversion (prepareConverted)
+	}
+	r.cfg.PMEM = vmm.PMEMConfig{Path: mapped, File: file, Offset: im.Offset, Size: im.Size}
 	r.cfg.Cmdline = jobCmdline(r.cfg.Cmdline) + " " + agent.CmdlinePMEMRoot + "=" + string(im.FSType)
 	tree, cleanup, err := emptyTree()
 	if err != nil {

@@ -220,30 +220,37 @@ func TestJobsBusybox(t *testing.T) {
 // is absent in the guest, its neighbour present.
 func TestJobsOCIWhiteout(t *testing.T) {
 	harness.Run(t, harness.ProfileJobs, func(t *testing.T, env *harness.Env) {
-		bb, err := os.ReadFile("/bin/busybox")
-		require.NoError(t, err)
-		var l1 []tarEntry
-		l1 = append(l1, tarEntry{name: "bin/", mode: 0o755, typ: tar.TypeDir}, tarEntry{name: "bin/busybox", mode: 0o755, data: bb},
-			tarEntry{name: "etc/", mode: 0o755, typ: tar.TypeDir},
-			tarEntry{name: "etc/secret", mode: 0o644, data: []byte("s")}, tarEntry{name: "etc/keep", mode: 0o644, data: []byte("k")})
-		for _, a := range busyboxApplets(t) {
-			if a != "busybox" {
-				l1 = append(l1, tarEntry{name: "bin/" + a, typ: tar.TypeSymlink, link: "busybox"})
-			}
-		}
-		l2 := []tarEntry{{name: "etc/.wh.secret", mode: 0o644}}
-		img, err := mutate.AppendLayers(empty.Image, tarLayer(t, l1), tarLayer(t, l2))
-		require.NoError(t, err)
-		dir := t.TempDir()
-		p, err := layout.Write(dir, empty.Index)
-		require.NoError(t, err)
-		require.NoError(t, p.AppendImage(img))
-
+		dir := whiteoutOCI(t)
 		r := runJob(t, env, nil, nil, nil, jobArgs(t, env, "--rootfs", dir, "--",
 			"sh", "-c", "test -e /etc/keep && echo keep-present; test -e /etc/secret && echo secret-present; exit 0")...)
 		assert.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
 		assert.Equal(t, "keep-present\n", r.stdout, "the second layer's whiteout removed /etc/secret")
 	})
+}
+
+// whiteoutOCI writes an OCI image layout of two layers: busybox with its
+// applet links, /etc/secret and /etc/keep, then a whiteout of /etc/secret.
+func whiteoutOCI(t *testing.T) string {
+	bb, err := os.ReadFile("/bin/busybox")
+	require.NoError(t, err)
+	var l1 []tarEntry
+	l1 = append(l1, tarEntry{name: "bin/", mode: 0o755, typ: tar.TypeDir}, tarEntry{name: "bin/busybox", mode: 0o755, data: bb},
+		tarEntry{name: "etc/", mode: 0o755, typ: tar.TypeDir},
+		tarEntry{name: "etc/secret", mode: 0o644, data: []byte("s")}, tarEntry{name: "etc/keep", mode: 0o644, data: []byte("k")})
+	for _, a := range busyboxApplets(t) {
+		if a != "busybox" {
+			l1 = append(l1, tarEntry{name: "bin/" + a, typ: tar.TypeSymlink, link: "busybox"})
+		}
+	}
+	l2 := []tarEntry{{name: "etc/.wh.secret", mode: 0o644}}
+	img, err := mutate.AppendLayers(empty.Image, tarLayer(t, l1), tarLayer(t, l2))
+	require.NoError(t, err)
+	dir := t.TempDir()
+	p, err := layout.Write(dir, empty.Index)
+	require.NoError(t, err)
+	require.NoError(t, p.AppendImage(img))
+	return dir
+
 }
 
 type tarEntry struct {

@@ -122,6 +122,29 @@ func TestJobsPMEMImage(t *testing.T) {
 			assert.Contains(t, r.stderr, "guest wrote to the read-only image (pmem)", "host side: the write was refused and logged")
 			t.Logf("guest: %s", strings.TrimSpace(r.stdout))
 		})
+		t.Run("oci-converted", func(t *testing.T) {
+			// --rootfs-mode squashfs: the OCI layout's flattened tree
+			// (the second layer's whiteout applied) converted once into
+			// the converted-image cache; the second launch converts
+			// nothing.
+			oci := whiteoutOCI(t)
+			cache := filepath.Join(t.TempDir(), "images")
+			args := jobArgs(t, env, "--rootfs", oci, "--rootfs-mode", "squashfs", "--image-cache", cache, "--",
+				"sh", "-c", `test -e /etc/keep && echo keep-present; test -e /etc/secret && echo secret-present; awk '$2 == "/" {print "root=" $3}' /proc/mounts; exit 4`)
+			r := runJob(t, env, nil, nil, nil, args...)
+			assert.Equal(t, 4, r.code, "stderr:\n%s", r.stderr)
+			assert.Equal(t, "keep-present\nroot=overlay\n", r.stdout, "the whiteout holds in the converted image")
+			assert.Contains(t, r.stderr, "imagepack: converted", "host side: the first launch converted the image")
+			assert.Contains(t, r.stderr, "IMAGE mapped read-only as persistent memory")
+			sqfs, err := filepath.Glob(filepath.Join(cache, "*.sqfs"))
+			require.NoError(t, err)
+			require.Len(t, sqfs, 1, "one converted image in the cache")
+			r = runJob(t, env, nil, nil, nil, args...)
+			assert.Equal(t, 4, r.code, "stderr:\n%s", r.stderr)
+			assert.Contains(t, r.stderr, "converted image cache hit", "the second launch converts nothing")
+			assert.NotContains(t, r.stderr, "imagepack: converted")
+			env.Record(t, "pmem_oci_warm_job_ms", durMS(r.took))
+		})
 		for _, p := range images {
 			assert.Equal(t, before[p], fileSHA256(t, p), "%s is unchanged after the jobs", filepath.Base(p))
 		}

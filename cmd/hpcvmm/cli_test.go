@@ -181,7 +181,7 @@ func TestRunHelpGroups(t *testing.T) {
 		"Placement":           {"numa-node", "cpu-list", "allow-cross-numa", "cpu-mode", "prefault-workers", "topology"},
 		"Devices":             {"gpu", "vf", "bind-devices", "p2p", "net", "nccl-topo"},
 		"Console and logging": {"console", "log-level", "shutdown-timeout", "seccomp"},
-		"Job":                 {"rootfs", "env", "env-file", "workdir", "user", "quiet", "dns", "hostname", "module", "gpu-libs", "bind", "no-home", "no-cwd", "contain"},
+		"Job":                 {"rootfs", "env", "env-file", "workdir", "user", "quiet", "dns", "hostname", "module", "gpu-libs", "rootfs-mode", "bind", "no-home", "no-cwd", "contain"},
 		"Other":               {"help"},
 	}
 	order := []string{"Guest", "Placement", "Devices", "Console and logging", "Job", "Other"}

@@ -42,6 +42,9 @@ type jobFlags struct {
 	modules []string
 	// gpuLibs is --gpu-libs (on, off; "" not given).
 	gpuLibs string
+	// rootfsMode is --rootfs-mode; imageCache the hidden --image-cache.
+	rootfsMode jobrun.ImageMode
+	imageCache string
 	bindFlags
 }
 
@@ -107,6 +110,14 @@ func addJobFlags(c *command, rf *runFlags) {
 			return fmt.Errorf("%q: give on or off", s)
 		}
 		f.gpuLibs = s
+		return nil
+	})
+	g.Func("rootfs-mode", "`auto|initramfs|squashfs`: how a directory, tar or container IMAGE reaches the guest: packed into the initramfs (unpacked in guest RAM), or converted once to a cached SquashFS file mapped read-only as persistent memory (needs squashfs-tools' mksquashfs; only the pages read are ever loaded); auto packs IMAGE up to 256 MiB of files and converts a larger one or one converted before (default auto)", func(s string) error {
+		m, ok := jobrun.ImageModes[s]
+		if !ok {
+			return fmt.Errorf("%q: give auto, initramfs or squashfs", s)
+		}
+		f.rootfsMode = m
 		return nil
 	})
 	addBindFlags(g, &f.bindFlags)
@@ -304,7 +315,7 @@ func jobRequest(c *command, f *runFlags, jf *jobFlags, argv []string) (jobrun.Re
 	req := jobrun.Request{
 		Image: jf.rootfs, Argv: argv, Env: env, Workdir: jf.workdir, User: user, Hostname: jf.hostname, PMI: step, VM: cfg,
 		Binds: jf.binds, NoHome: jf.noHome, NoCwd: jf.noCwd, Contain: jf.contain, BindMSize: jf.msize, BindCache: jf.cache,
-		Modules: jf.modules, Agent: jobAgent, InitramfsCache: jf.initrdCache, ShutdownTimeout: f.shutdownTimeout,
+		Modules: jf.modules, Agent: jobAgent, InitramfsCache: jf.initrdCache, ImageMode: jf.rootfsMode, ImageCache: jf.imageCache, ShutdownTimeout: f.shutdownTimeout,
 		DriverRoot: gpuDriverRoot, DriverCache: gpuDriverCache,
 	}
 	if c.fs.Changed("gpu-libs") {

@@ -121,6 +121,7 @@ func newRunCommand() (*command, *runFlags) {
 		fs.Var(apicIDsValue{&f.cfg.APICIDs}, "apic-ids", "APIC ID of each vCPU, e.g. 0,256 (tests of x2APIC-only IDs)")
 		addBindTuningFlags(fs, &f.job.bindFlags)
 		fs.StringVar(&f.job.initrdCache, "initramfs-cache", "", "initramfs cache directory (tests; default the user's own)")
+		fs.StringVar(&f.job.imageCache, "image-cache", "", "converted-image cache directory (tests; default the user's own)")
 	})
 	return c.done(), f
 }
