@@ -1,8 +1,9 @@
 // Package testenv holds what tests across the module share about their
 // environment: the one rule for a test whose resource (a usable /dev/kvm,
 // root, a tool) is missing, the host-resource snapshots, and LockedBuffer
-// (output a goroutine writes while the test reads it), and the child runs
-// of tests under a seccomp filter (seccompchild.go). It imports nothing
+// (output a goroutine writes while the test reads it), the child runs
+// of tests under a seccomp filter (seccompchild.go), and CopyTree (a
+// fixture tree for a test to change). It imports nothing
 // from the project, so any package's tests (uapi's included) may use it.
 package testenv
 

@@ -1,7 +1,6 @@
 package preflight_test
 
 import (
-	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -10,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hpcvmm/hpcvmm/gpudriver"
+	"github.com/hpcvmm/hpcvmm/internal/testenv"
 	"github.com/hpcvmm/hpcvmm/kmodules/kmodtest"
 	"github.com/hpcvmm/hpcvmm/vmm/preflight"
 )
@@ -31,36 +31,6 @@ func driverRequest(t testing.TB, root string) preflight.Request {
 	req := goodRequest()
 	req.GPUDriver, req.DriverRoot, req.DriverCache = true, root, driverCache(t)
 	return req
-}
-
-// copyTree copies the tree at src, symbolic links as links, into a new
-// directory, for a test to change.
-func copyTree(t *testing.T, src string) string {
-	dst := t.TempDir()
-	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(src, p)
-		to := filepath.Join(dst, rel)
-		switch {
-		case d.Type()&fs.ModeSymlink != 0:
-			l, err := os.Readlink(p)
-			if err != nil {
-				return err
-			}
-			return os.Symlink(l, to)
-		case d.IsDir():
-			return os.MkdirAll(to, 0o755)
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(to, b, 0o644)
-	})
-	require.NoError(t, err)
-	return dst
 }
 
 // TestGPUDriverPass: on the fixture host, an NVIDIA GPU's driver and
@@ -95,7 +65,7 @@ func TestGPUDriverPass(t *testing.T) {
 // TestGPUDriverMismatch: a library of another version than the module is
 // a warning (a VM still starts) that says jobs exit 3 and both ways out.
 func TestGPUDriverMismatch(t *testing.T) {
-	root := copyTree(t, driverHost)
+	root := testenv.CopyTree(t, driverHost)
 	lib := filepath.Join(root, "usr/local/nvidia/lib64")
 	require.NoError(t, os.WriteFile(filepath.Join(lib, "libnvidia-ml.so.580.95.05"), []byte("older"), 0o644))
 	require.NoError(t, os.Remove(filepath.Join(lib, "libnvidia-ml.so.1")))
@@ -116,7 +86,7 @@ func TestGPUDriverMismatch(t *testing.T) {
 // kind; so is a guest kernel without the nvidia module, or with one of
 // another version than the host's libraries.
 func TestGPUDriverNoModule(t *testing.T) {
-	root := copyTree(t, driverHost)
+	root := testenv.CopyTree(t, driverHost)
 	require.NoError(t, os.Remove(filepath.Join(root, "proc/driver/nvidia/version")))
 	require.NoError(t, os.Remove(filepath.Join(root, "sys/module/nvidia/version")))
 	_, h := goodHost(t)
@@ -167,7 +137,7 @@ func TestGPUDriverNoModule(t *testing.T) {
 // copyWithModules is the fixture host with the driver loaded again and
 // root's module trees: a loaded 580.159.04 beside root's kernels.
 func copyWithModules(t *testing.T, root string) string {
-	dst := copyTree(t, driverHost)
+	dst := testenv.CopyTree(t, driverHost)
 	src := filepath.Join(root, "usr/lib/modules/6.1.0-other")
 	require.NoError(t, os.CopyFS(filepath.Join(dst, "usr/lib/modules/6.1.0-other"), os.DirFS(src)))
 	return dst
@@ -177,7 +147,7 @@ func copyWithModules(t *testing.T, root string) string {
 // module names, missing on the host, is a warning naming the files and
 // the package that brings them.
 func TestGPUFirmwareMissing(t *testing.T) {
-	root := copyTree(t, driverHost)
+	root := testenv.CopyTree(t, driverHost)
 	require.NoError(t, os.RemoveAll(filepath.Join(root, "usr/local/nvidia/firmware")))
 	_, h := goodHost(t)
 	r := preflight.Run(h, driverRequest(t, root))
