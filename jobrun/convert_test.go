@@ -57,6 +57,7 @@ func TestSquashFSPlan(t *testing.T) {
 	c, hit, err = r.squashFSPlan(im2)
 	require.NoError(t, err)
 	require.NotNil(t, hit, "a cached conversion is taken whatever the size")
+	assert.NotNil(t, c)
 	assert.Equal(t, res.Path, hit.Path)
 
 	r.req.ImageMode = ImageSquashFS
