@@ -296,6 +296,23 @@ func TestJobsDebianPython(t *testing.T) {
 	})
 }
 
+// TestJobsOpenMPISingleton (issue 35: "an Open MPI singleton exits 0"):
+// a rootfs of Debian's Open MPI runtime, unpacked by the test bed, and a
+// program compiled against it, run as COMMAND without mpirun and without
+// --net: MPI_Init starts its own orted, which reaches the program over the
+// guest's loopback, and the program is rank 0 of 1. The job passes
+// harness.OpenMPISingletonEnv (the launcher for a node without ssh) and
+// gets HOME from the agent; ompi-hello is found in the default PATH
+// (harness.OpenMPIHello).
+func TestJobsOpenMPISingleton(t *testing.T) {
+	harness.Run(t, harness.ProfileJobs, func(t *testing.T, env *harness.Env) {
+		r := runJob(t, env, nil, nil, nil, jobArgs(t, env, "--rootfs", harness.JobsOpenMPIRoot,
+			"--env", harness.OpenMPISingletonEnv, "--", "ompi-hello")...)
+		assert.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+		assert.Equal(t, "rank 0 of 1\n", r.stdout, "stderr:\n%s", r.stderr)
+	})
+}
+
 // TestJobsPassthrough: `--vf` (the NVMe VF stand-in) and `--gpu` (edu)
 // with --rootfs: hpcvmm finds a device's driver by its modalias and puts
 // it in the job's initramfs, and the command, a script of the busybox

@@ -96,7 +96,14 @@ func addJobFiles(im *Image) error {
 	if err != nil {
 		return err
 	}
-	return addTree(im, deb, JobsDebianRoot)
+	if err := addTree(im, deb, JobsDebianRoot); err != nil {
+		return err
+	}
+	ompi, err := openMPIRootfs(cache)
+	if err != nil {
+		return err
+	}
+	return addTree(im, ompi, JobsOpenMPIRoot)
 }
 
 // AddJobModules puts in an L1 image what `hpcvmm run --rootfs` takes from
