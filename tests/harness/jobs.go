@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // jobGuestModules are the modules a job's guest loads (kmodules'
@@ -60,6 +61,9 @@ var ProfileJobs = func() Profile {
 	}
 	// The --net ...,bridge= scenarios' bridge in L1.
 	p.Modules = []string{"bridge"}
+	// Its scenarios took 9-13 minutes of the default 15 before the pmem
+	// images (five L2 boots) and the Open MPI singleton came.
+	p.Timeout = 20 * time.Minute
 	return p
 }()
 
