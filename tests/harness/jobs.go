@@ -78,7 +78,12 @@ func addLocalProgram(im *Image, prog string) error {
 	if err != nil {
 		return fmt.Errorf("ldd %s: %w", prog, err)
 	}
-	for _, lib := range parseLdd(string(out)) {
+	// glibc loads libgcc_s.so.1 itself (dlopen, so ldd does not list it)
+	// the first time a thread exits: mksquashfs's threads abort
+	// ("libgcc_s.so.1 must be installed for pthread_exit to work")
+	// without it.
+	libs := append(parseLdd(string(out)), "/lib/x86_64-linux-gnu/libgcc_s.so.1")
+	for _, lib := range libs {
 		dst := lib
 		if strings.HasPrefix(lib, "/usr/local/") {
 			dst = "/usr/lib/x86_64-linux-gnu/" + filepath.Base(lib)
