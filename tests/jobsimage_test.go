@@ -64,7 +64,7 @@ func TestJobsPMEMImage(t *testing.T) {
 		require.NoError(t, os.MkdirAll(filepath.Join(bbTree, "data"), 0o755))
 		require.NoError(t, os.WriteFile(filepath.Join(bbTree, "data/blob"), blob, 0o644))
 		bbErofs := filepath.Join(dir, "busybox.erofs")
-		mustRun(t, "mkfs.erofs", "-q", bbErofs, bbTree)
+		mustRun(t, "mkfs.erofs", "--quiet", bbErofs, bbTree)
 		bbSqfs := filepath.Join(dir, "busybox.sqfs")
 		mustRun(t, "mksquashfs", bbTree, bbSqfs, "-noappend", "-quiet")
 		bbSIF := filepath.Join(dir, "busybox.sif")
