@@ -18,7 +18,7 @@ import (
 // persistent memory adds (issue 31): nd_e820 and nd_pmem for /dev/pmem0,
 // the image's file system, and overlay for the writable layer.
 var jobGuestModules = []string{"virtio_pci", "virtio_console", "virtio_net", "button", "evdev", "9pnet_fd", "9p",
-	"nd_e820", "nd_pmem", "squashfs", "erofs", "overlay"}
+	"nd_e820", "nd_pmem", "squashfs", "crc32c_generic", "erofs", "overlay"}
 
 // jobsImageTools make the SquashFS and EROFS images of the pmem scenario
 // in L1, as a site makes them (tests/testbed-packages.sh installs them).
