@@ -6,10 +6,10 @@ import (
 	"strings"
 
 	"github.com/hpcvmm/hpcvmm/jobproto"
-	"github.com/hpcvmm/hpcvmm/jobrun"
 	"github.com/hpcvmm/hpcvmm/slurm"
 	"github.com/hpcvmm/hpcvmm/trustfs"
 	"github.com/hpcvmm/hpcvmm/vmm"
+	"github.com/hpcvmm/hpcvmm/vmm/jobrun"
 )
 
 // The exit statuses hpcvmm itself gives, the same for every command

@@ -17,8 +17,8 @@ import (
 
 	"github.com/hpcvmm/hpcvmm/host/hosttest"
 	"github.com/hpcvmm/hpcvmm/jobproto"
-	"github.com/hpcvmm/hpcvmm/jobrun"
-	"github.com/hpcvmm/hpcvmm/jobrun/jobruntest"
+	"github.com/hpcvmm/hpcvmm/vmm/jobrun"
+	"github.com/hpcvmm/hpcvmm/vmm/jobrun/jobruntest"
 )
 
 // failingWriter fails every write: a report or list that cannot be written.

@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/hpcvmm/hpcvmm/jobrun"
 	"github.com/hpcvmm/hpcvmm/ninep"
+	"github.com/hpcvmm/hpcvmm/vmm/jobrun"
 )
 
 // TestFileServerDispatch: hpcvmm's binary started as hpcvmm-9p (as hpcvmm

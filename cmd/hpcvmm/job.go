@@ -20,10 +20,10 @@ import (
 	"github.com/hpcvmm/hpcvmm/gpudriver"
 	"github.com/hpcvmm/hpcvmm/initramfs"
 	"github.com/hpcvmm/hpcvmm/jobproto"
-	"github.com/hpcvmm/hpcvmm/jobrun"
 	"github.com/hpcvmm/hpcvmm/kmodules"
 	"github.com/hpcvmm/hpcvmm/pmi"
 	"github.com/hpcvmm/hpcvmm/vmm"
+	"github.com/hpcvmm/hpcvmm/vmm/jobrun"
 )
 
 // jobFlags are the flags of `hpcvmm run ... -- COMMAND` (docs/jobs.md).

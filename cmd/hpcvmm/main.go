@@ -34,7 +34,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hpcvmm/hpcvmm/jobrun"
+	"github.com/hpcvmm/hpcvmm/vmm/jobrun"
 )
 
 // processStart approximates the process start for the start-to-first-

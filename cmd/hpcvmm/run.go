@@ -21,10 +21,10 @@ import (
 	"github.com/hpcvmm/hpcvmm/binds"
 	"github.com/hpcvmm/hpcvmm/guestnet"
 	"github.com/hpcvmm/hpcvmm/host"
-	"github.com/hpcvmm/hpcvmm/jobrun"
 	"github.com/hpcvmm/hpcvmm/slurm"
 	"github.com/hpcvmm/hpcvmm/vmlinux"
 	"github.com/hpcvmm/hpcvmm/vmm"
+	"github.com/hpcvmm/hpcvmm/vmm/jobrun"
 )
 
 // runFlags are what `hpcvmm run`'s flags set: the vmm.Config (most flags

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hpcvmm/hpcvmm/asuser"
-	"github.com/hpcvmm/hpcvmm/jobrun/jobruntest"
+	"github.com/hpcvmm/hpcvmm/vmm/jobrun/jobruntest"
 )
 
 // buildStatic builds the program in testdata/name with CGO_ENABLED=0, as

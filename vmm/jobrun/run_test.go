@@ -17,8 +17,8 @@ import (
 	"github.com/hpcvmm/hpcvmm/boot/boottest"
 	"github.com/hpcvmm/hpcvmm/guestmem"
 	"github.com/hpcvmm/hpcvmm/host/hosttest"
-	"github.com/hpcvmm/hpcvmm/jobrun/jobruntest"
 	"github.com/hpcvmm/hpcvmm/vmm"
+	"github.com/hpcvmm/hpcvmm/vmm/jobrun/jobruntest"
 )
 
 // testRequest is a job on a host tree with hardware KVM (kvm_intel), 4

@@ -14,8 +14,8 @@ import (
 
 	"github.com/hpcvmm/hpcvmm/imagefile"
 	"github.com/hpcvmm/hpcvmm/initramfs"
-	"github.com/hpcvmm/hpcvmm/jobrun/jobruntest"
 	"github.com/hpcvmm/hpcvmm/kmodules"
+	"github.com/hpcvmm/hpcvmm/vmm/jobrun/jobruntest"
 )
 
 // pmemModuleTree is the kmodules fixture's kernel (6.1.0-test) with the

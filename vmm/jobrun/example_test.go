@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/hpcvmm/hpcvmm/jobrun"
 	"github.com/hpcvmm/hpcvmm/vmm"
+	"github.com/hpcvmm/hpcvmm/vmm/jobrun"
 )
 
 // A command in a VM from Go, as `hpcvmm run --rootfs IMAGE -- COMMAND`

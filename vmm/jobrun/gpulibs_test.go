@@ -20,9 +20,9 @@ import (
 // fixtureDriverHost is gpudriver's fake H200 host (module 580.159.04) and
 // its ldconfig -p.
 func fixtureDriverHost(t *testing.T) gpudriver.Options {
-	root, err := filepath.Abs("../gpudriver/testdata/host")
+	root, err := filepath.Abs("../../gpudriver/testdata/host")
 	require.NoError(t, err)
-	b, err := os.ReadFile("../gpudriver/testdata/ldconfig-p.txt")
+	b, err := os.ReadFile("../../gpudriver/testdata/ldconfig-p.txt")
 	require.NoError(t, err)
 	cache, err := gpudriver.ParseLdconfig(b)
 	require.NoError(t, err)

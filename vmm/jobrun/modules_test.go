@@ -15,9 +15,9 @@ import (
 
 	"github.com/hpcvmm/hpcvmm/gpudriver"
 	"github.com/hpcvmm/hpcvmm/initramfs"
-	"github.com/hpcvmm/hpcvmm/jobrun/jobruntest"
 	"github.com/hpcvmm/hpcvmm/kmodules"
 	"github.com/hpcvmm/hpcvmm/rootfs"
+	"github.com/hpcvmm/hpcvmm/vmm/jobrun/jobruntest"
 )
 
 // moduleJob is the initramfs config of a job with --module user on the
@@ -35,7 +35,7 @@ func moduleJob(t *testing.T, hostModules string, user ...string) initramfs.Confi
 }
 
 func fixtureModuleTree(t *testing.T) string {
-	p, err := filepath.Abs("../kmodules/testdata/lib/modules")
+	p, err := filepath.Abs("../../kmodules/testdata/lib/modules")
 	require.NoError(t, err)
 	return p
 }
@@ -83,7 +83,7 @@ func TestModuleFlag(t *testing.T) {
 func TestGPUModules(t *testing.T) {
 	const h100 = "pci:v000010DEd00002330sv000010DEsd000016C1bc03sc02i00"
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	gpuTree, err := filepath.Abs("../gpudriver/testdata/host/usr/lib/modules")
+	gpuTree, err := filepath.Abs("../../gpudriver/testdata/host/usr/lib/modules")
 	require.NoError(t, err)
 	// The GPU tree has no virtio modules (its kernel would have them
 	// built in): only the device's modules are asked for.

@@ -5,7 +5,7 @@ package main
 import (
 	"fmt"
 
-	"github.com/hpcvmm/hpcvmm/jobrun"
+	"github.com/hpcvmm/hpcvmm/vmm/jobrun"
 )
 
 func main() {
